@@ -1,0 +1,27 @@
+"""edgespec: on-device speculative decoding for GGUF models over llama.cpp."""
+from __future__ import annotations
+
+from edgespec.errors import (
+    BackendError,
+    BudgetExceeded,
+    EdgespecError,
+    IntegrityError,
+    InvalidGGUF,
+    InvalidRequest,
+    ModelNotFound,
+    StoreError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "BudgetExceeded",
+    "EdgespecError",
+    "IntegrityError",
+    "InvalidGGUF",
+    "InvalidRequest",
+    "ModelNotFound",
+    "StoreError",
+    "__version__",
+]
