@@ -1,0 +1,422 @@
+"""The one module that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
+
+It exposes exactly what a speculative engine needs and nothing more:
+
+* ``LlamaModel``: weights and vocabulary (tokenize, token pieces, end-of-generation test,
+  GGUF metadata, chat template), loaded only after the pure-Python GGUF validator accepted
+  the file.
+* ``LlamaContext``: a KV cache with several sequences; ``decode`` takes a batch whose tokens
+  carry explicit positions, any number of sequence ids each and per-row logits flags, and
+  returns only the flagged rows; ``seq_rm`` / ``seq_cp`` / ``seq_keep`` / ``clear`` edit the
+  cache (llama_memory_*).
+
+Everything else in edgespec imports this module, never ``llama_cpp``.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import llama_cpp as lc
+from edgespec import gguf
+from edgespec.errors import BackendError, InvalidRequest
+
+log = logging.getLogger(__name__)
+_llama_log = logging.getLogger("edgespec.llama_cpp")
+
+_init_lock = threading.Lock()
+_initialized = False
+
+# ggml log levels (DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5) -> logging levels. llama.cpp
+# warns about quirks of well-known model files on every load, so its warnings land at INFO.
+_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.ERROR, 5: logging.DEBUG}
+
+
+@lc.llama_log_callback
+def _log_callback(level, text, _user_data):  # pragma: no cover - called from C
+    try:
+        msg = text.decode("utf-8", errors="replace").rstrip()
+    except Exception:  # noqa: BLE001 - never raise into C
+        return
+    if msg:
+        _llama_log.log(_LEVELS.get(int(level), logging.DEBUG), "%s", msg)
+
+
+def _ensure_initialized() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            lc.llama_backend_init()
+            _initialized = True
+
+
+def default_threads() -> int:
+    """Physical cores: hyper-threads slow matrix-vector decoding down rather than up."""
+    import psutil
+
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def system_info() -> dict:
+    """What the installed llama.cpp build can do (for `edgespec doctor`)."""
+    _ensure_initialized()
+    return {
+        "llama_cpp_python": lc.__version__,
+        "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
+        "gpu_offload": bool(lc.llama_supports_gpu_offload()),
+        "mmap": bool(lc.llama_supports_mmap()),
+        "mlock": bool(lc.llama_supports_mlock()),
+        "max_devices": int(lc.llama_max_devices()),
+        "devices": list_devices(),
+    }
+
+
+def _ggml_device_api():
+    """ctypes signatures of ggml's device registry (llama-cpp-python does not bind them)."""
+    from llama_cpp import _ggml
+
+    lib = _ggml.libggml
+    sig = {
+        "ggml_backend_dev_count": ([], ctypes.c_size_t),
+        "ggml_backend_dev_get": ([ctypes.c_size_t], ctypes.c_void_p),
+        "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
+        "ggml_backend_dev_description": ([ctypes.c_void_p], ctypes.c_char_p),
+        "ggml_backend_dev_type": ([ctypes.c_void_p], ctypes.c_int),
+        "ggml_backend_dev_memory": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                     ctypes.POINTER(ctypes.c_size_t)], None),
+    }
+    for name, (args, res) in sig.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+_DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+
+def list_devices() -> list[dict]:
+    """Compute devices the installed llama.cpp build sees (CPU, GPUs) with their memory."""
+    _ensure_initialized()
+    try:
+        lib = _ggml_device_api()
+    except (ImportError, AttributeError) as exc:
+        log.debug("device registry unavailable: %s", exc)
+        return []
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append({
+            "name": (lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),
+            "description": (lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+            "type": _DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
+            "memory_free": int(free.value),
+            "memory_total": int(total.value),
+        })
+    return out
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """How to load weights. ``n_gpu_layers=-1`` offloads every layer the build can."""
+
+    n_gpu_layers: int = 0
+    use_mmap: bool = True
+    use_mlock: bool = False
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """How to size a context. ``n_seq_max`` bounds the sequence ids a batch may use."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+
+
+def _load_mode(p: ModelParams) -> int:
+    if p.use_mmap:
+        return lc.LLAMA_LOAD_MODE_MMAP_MLOCK if p.use_mlock else lc.LLAMA_LOAD_MODE_MMAP
+    return lc.LLAMA_LOAD_MODE_MLOCK if p.use_mlock else lc.LLAMA_LOAD_MODE_NONE
+
+
+class LlamaModel:
+    """Weights and vocabulary of one GGUF model."""
+
+    def __init__(self, path: str | os.PathLike, params: ModelParams = ModelParams()):
+        self.path = str(path)
+        # The validator reads the header first: llama.cpp must never see a malformed file.
+        self.gguf = gguf.read_gguf(self.path)
+        _ensure_initialized()
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = params.n_gpu_layers
+        mp.load_mode = _load_mode(params)
+        self._model = lc.llama_model_load_from_file(self.path.encode(), mp)
+        if not self._model:
+            raise BackendError(f"llama.cpp could not load {self.path}")
+        self.params = params
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        self._pieces: list[bytes | None] = [None] * self.n_vocab
+        self._eog = np.array([bool(lc.llama_vocab_is_eog(self._vocab, t)) for t in range(self.n_vocab)])
+
+    # -- vocabulary ---------------------------------------------------------------------------
+    @property
+    def bos(self) -> int:
+        return int(lc.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(lc.llama_vocab_eos(self._vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(lc.llama_vocab_get_add_bos(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation: EOS, EOT, <|im_end|> and the like."""
+        return bool(self._eog[token])
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Text -> token ids. ``parse_special`` turns "<|im_start|>" into its control token."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise BackendError("tokenization failed")
+        return list(buf[:n])
+
+    def token_piece(self, token: int) -> bytes:
+        """Bytes of one token as it appears in generated text (control tokens render empty)."""
+        if not 0 <= token < self.n_vocab:
+            raise InvalidRequest(f"token id {token} out of range [0, {self.n_vocab})")
+        piece = self._pieces[token]
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry of a token as stored in the model (for vocabulary checks)."""
+        return lc.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    # -- metadata -----------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as llama.cpp renders it, or None."""
+        buf = ctypes.create_string_buffer(4096)
+        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, 4096)
+        return None if n < 0 else buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja chat template stored in the GGUF file, if any."""
+        value = self.gguf.metadata.get("tokenizer.chat_template")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(lc.llama_model_n_ctx_train(self._model))
+
+    @property
+    def n_layer(self) -> int:
+        return int(lc.llama_model_n_layer(self._model))
+
+    @property
+    def n_embd(self) -> int:
+        return int(lc.llama_model_n_embd(self._model))
+
+    @property
+    def n_head(self) -> int:
+        return int(lc.llama_model_n_head(self._model))
+
+    @property
+    def n_head_kv(self) -> int:
+        return int(lc.llama_model_n_head_kv(self._model))
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of all weight tensors, wherever they live."""
+        return int(lc.llama_model_size(self._model))
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        lc.llama_model_desc(self._model, buf, 256)
+        return buf.value.decode(errors="replace")
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class LlamaContext:
+    """A KV cache over a model, decoded in batches of explicitly placed tokens."""
+
+    def __init__(self, model: LlamaModel, params: ContextParams = ContextParams()):
+        if params.n_ctx < 16:
+            raise InvalidRequest(f"context size {params.n_ctx} is too small (minimum 16)")
+        if params.n_seq_max < 1:
+            raise InvalidRequest("n_seq_max must be >= 1")
+        self.model = model
+        threads = params.n_threads or default_threads()
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = min(params.n_ubatch, params.n_batch)
+        cp.n_seq_max = params.n_seq_max
+        cp.n_threads = threads
+        cp.n_threads_batch = params.n_threads_batch or threads
+        # Several sequences share one cache (a draft tree's branches), so it must be unified.
+        cp.kv_unified = True
+        # Verification reads the logits of many rows of one sequence; this build's default
+        # allows one output row per sequence.
+        cp.n_outputs_max = params.n_batch
+        cp.n_outputs_max_per_seq = params.n_batch
+        cp.no_perf = True
+        self._ctx = lc.llama_init_from_model(model._model, cp)
+        if not self._ctx:
+            raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens")
+        self.params = params
+        self.n_threads = threads
+        self.n_ctx = int(lc.llama_n_ctx(self._ctx))
+        self.n_batch = int(lc.llama_n_batch(self._ctx))
+        self.n_seq_max = int(lc.llama_n_seq_max(self._ctx))
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+
+    # -- decoding -----------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], positions: Sequence[int],
+               seq_ids: Sequence[Sequence[int]], logits: Sequence[bool]) -> np.ndarray:
+        """Runs one forward pass over a batch and returns the flagged logits rows.
+
+        Args:
+            tokens: [n] token ids.
+            positions: [n] position of each token in its sequence(s).
+            seq_ids: [n] the sequences each token belongs to; a token listed in several
+                sequences is attended by all of them (shared draft-tree prefixes).
+            logits: [n] whether to return the logits of each row.
+        Returns:
+            float32 array [number of flagged rows, n_vocab], in batch order.
+        Raises:
+            InvalidRequest: inconsistent lengths, empty batch, more rows than ``n_batch``,
+                a sequence id out of range or a bad token id.
+            BackendError: llama.cpp could not find room in the KV cache or failed.
+        """
+        n = len(tokens)
+        self._check_batch(tokens, positions, seq_ids, logits)
+        b = self._batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = positions[i]
+            ids = seq_ids[i]
+            b.n_seq_id[i] = len(ids)
+            for j, s in enumerate(ids):
+                b.seq_id[i][j] = s
+            b.logits[i] = 1 if logits[i] else 0
+        rc = lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed (code {rc}): "
+                               + ("no room in the KV cache" if rc == 1 else "see debug log"))
+        rows = [i for i in range(n) if logits[i]]
+        out = np.empty((len(rows), self.model.n_vocab), dtype=np.float32)
+        for k, i in enumerate(rows):
+            ptr = lc.llama_get_logits_ith(self._ctx, i)
+            out[k] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        return out
+
+    def _check_batch(self, tokens, positions, seq_ids, logits) -> None:
+        n = len(tokens)
+        if n == 0:
+            raise InvalidRequest("empty batch")
+        if not (len(positions) == len(seq_ids) == len(logits) == n):
+            raise InvalidRequest("tokens, positions, seq_ids and logits must have the same length")
+        if n > self.n_batch:
+            raise InvalidRequest(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        nv = self.model.n_vocab
+        for i in range(n):
+            if not 0 <= tokens[i] < nv:
+                raise InvalidRequest(f"token id {tokens[i]} out of range [0, {nv})")
+            if not 0 <= positions[i] < self.n_ctx:
+                raise InvalidRequest(f"position {positions[i]} outside the context of {self.n_ctx}")
+            ids = seq_ids[i]
+            if not ids or any(not 0 <= s < self.n_seq_max for s in ids):
+                raise InvalidRequest(f"row {i}: sequence ids must be in [0, {self.n_seq_max})")
+
+    # -- KV cache edits -----------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        """Removes positions [p0, p1) of a sequence (p1 < 0: to the end; seq < 0: all)."""
+        if not lc.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            raise BackendError(f"cannot remove positions [{p0}, {p1}) of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Makes positions [p0, p1) of ``src`` also belong to ``dst`` (no copy of data)."""
+        lc.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        """Drops every cache entry that does not belong to ``seq``."""
+        lc.llama_memory_seq_keep(self._mem, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Largest position stored for a sequence, -1 when it is empty."""
+        return int(lc.llama_memory_seq_pos_max(self._mem, seq))
+
+    def clear(self) -> None:
+        """Empties the whole cache."""
+        lc.llama_memory_clear(self._mem, True)
+
+    # -- memory -------------------------------------------------------------------------------
+    def kv_bytes(self) -> int:
+        """Bytes of the f16 K and V caches for the whole context."""
+        m = self.model
+        head_dim = m.n_embd // max(m.n_head, 1)
+        return 2 * 2 * self.n_ctx * m.n_layer * m.n_head_kv * head_dim
+
+    def memory_report(self) -> dict:
+        """Bytes this context and its model hold, by part."""
+        return {
+            "weights": self.model.weights_bytes,
+            "kv_cache": self.kv_bytes(),
+            "logits_buffer": 4 * self.model.n_vocab * self.n_batch,
+            "state": int(lc.llama_state_get_size(self._ctx)),
+        }
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,151 @@
+"""The target distribution: logits -> probabilities under the user's sampler settings.
+
+Plain generation and speculative verification both draw from ``target_probs`` so that
+speculation can never change what is sampled. The order of the transforms follows llama.cpp's
+default chain: repetition penalty -> top-k -> top-p -> min-p -> temperature. Everything here is
+a pure function of numpy arrays; no llama.cpp.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.errors import InvalidRequest
+
+# top-p needs the probabilities sorted; sorting a 150k vocabulary per token costs ~10 ms, so we
+# first try the largest few hundred and only sort everything when they hold less than top_p.
+_TOP_P_FAST_CANDIDATES = 512
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampler settings of one request. ``temperature == 0`` means greedy.
+
+    top_k = 0 disables top-k; top_p = 1 and min_p = 0 disable those filters;
+    repeat_penalty = 1 disables the penalty over the last ``repeat_last_n`` tokens.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0 and np.isfinite(self.temperature), "temperature must be >= 0"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (0.0 <= self.min_p < 1.0, "min_p must be in [0, 1)"),
+            (self.repeat_penalty > 0 and np.isfinite(self.repeat_penalty),
+             "repeat_penalty must be > 0"),
+            (self.repeat_last_n >= 0, "repeat_last_n must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequest(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def apply_repeat_penalty(logits: np.ndarray, recent: np.ndarray, penalty: float) -> np.ndarray:
+    """llama.cpp's repetition penalty: divide positive, multiply negative logits of recent tokens.
+
+    Args:
+        logits: [n_vocab] float logits (not modified).
+        recent: token ids seen in the penalty window (duplicates count once).
+        penalty: > 1 discourages repetition; 1 is a no-op.
+    Returns:
+        A new [n_vocab] array.
+    """
+    if penalty == 1.0 or len(recent) == 0:
+        return logits
+    out = logits.copy()
+    ids = np.unique(recent)
+    vals = out[ids]
+    out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def greedy_token(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> int:
+    """The token plain greedy decoding picks: argmax after the repetition penalty."""
+    return int(np.argmax(apply_repeat_penalty(logits, recent, params.repeat_penalty)))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max())
+    return z / z.sum()
+
+
+def _top_p_keep(probs: np.ndarray, ids: np.ndarray, top_p: float) -> np.ndarray:
+    """Ids (sorted by descending probability) of the smallest prefix whose mass reaches top_p."""
+    order = np.argsort(-probs[ids], kind="stable")
+    ids = ids[order]
+    cum = np.cumsum(probs[ids])
+    if cum[-1] < top_p:
+        return ids
+    cut = int(np.searchsorted(cum, top_p, side="left")) + 1
+    return ids[:cut]
+
+
+def candidate_ids(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Token ids that survive top-k, top-p and min-p (before temperature).
+
+    Args:
+        logits: [n_vocab] logits after the repetition penalty.
+    Returns:
+        int array of surviving ids (in no particular order).
+    """
+    n = logits.shape[0]
+    if params.top_k and params.top_k < n:
+        ids = np.argpartition(-logits, params.top_k - 1)[: params.top_k]
+    else:
+        ids = np.arange(n)
+    probs = np.zeros(n, dtype=np.float64)
+    probs[ids] = _softmax(logits[ids].astype(np.float64))
+    if params.top_p < 1.0:
+        if len(ids) > _TOP_P_FAST_CANDIDATES:
+            head = ids[np.argpartition(-probs[ids], _TOP_P_FAST_CANDIDATES - 1)[:_TOP_P_FAST_CANDIDATES]]
+            # The cut is inside the head exactly when the head already holds top_p of the mass.
+            ids = head if probs[head].sum() >= params.top_p else ids
+        ids = _top_p_keep(probs, ids, params.top_p)
+    if params.min_p > 0.0:
+        ids = ids[probs[ids] >= params.min_p * probs[ids].max()]
+    return ids
+
+
+def target_probs(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> np.ndarray:
+    """The exact distribution plain sampling draws the next token from.
+
+    Args:
+        logits: [n_vocab] raw logits of one position.
+        params: the request's sampler settings; greedy gives a one-hot at the argmax.
+        recent: token ids in the repetition-penalty window.
+    Returns:
+        [n_vocab] float64 probabilities summing to 1.
+    """
+    penalized = apply_repeat_penalty(logits, recent, params.repeat_penalty)
+    probs = np.zeros(logits.shape[0], dtype=np.float64)
+    if params.greedy:
+        probs[int(np.argmax(penalized))] = 1.0
+        return probs
+    ids = candidate_ids(penalized, params)
+    probs[ids] = _softmax(penalized[ids].astype(np.float64) / params.temperature)
+    return probs
+
+
+def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a probability vector with the request's generator.
+
+    Uses inverse-CDF sampling on the non-zero entries so one uniform draw is spent per token,
+    which keeps seeded runs reproducible whatever the vocabulary size.
+    """
+    ids = np.flatnonzero(probs)
+    cum = np.cumsum(probs[ids])
+    u = rng.random() * cum[-1]
+    return int(ids[min(int(np.searchsorted(cum, u, side="right")), len(ids) - 1)])
