@@ -143,6 +143,7 @@ class ContextParams:
     n_seq_max: int = 1
     n_threads: int | None = None
     n_threads_batch: int | None = None
+    flash_attn: bool | None = None  # None: llama.cpp decides per device (on for CPU)
 
 
 def _load_mode(p: ModelParams) -> int:
@@ -301,6 +302,8 @@ class LlamaContext:
         cp.n_outputs_max = params.n_batch
         cp.n_outputs_max_per_seq = params.n_batch
         cp.no_perf = True
+        cp.flash_attn_type = {None: lc.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                              False: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}[params.flash_attn]
         self._ctx = lc.llama_init_from_model(model._model, cp)
         if not self._ctx:
             raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens")

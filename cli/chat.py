@@ -1,0 +1,162 @@
+"""`edgespec chat`: a terminal conversation that keeps the KV cache between turns.
+
+Each turn renders the whole conversation with the model's template; the generator's prefix
+reuse means only the new user message (and the template's glue) is evaluated.
+Input: a line, a line ending in a backslash to continue, or a block between triple quotes.
+Commands: /reset, /stats, /help, /exit. Ctrl-C stops an answer, Ctrl-D leaves.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Optional
+
+import typer
+
+from edgespec.cli import app
+from edgespec.cli import common as c
+from edgespec.engine import Engine
+from edgespec.events import DoneEvent, GenerationStats, TokenEvent
+from edgespec.generate import GenerationRequest
+
+HELP = """commands: /reset (forget the conversation)  /stats (last answer and session totals)
+          /help  /exit (or Ctrl-D). Ctrl-C stops an answer. End a line with \\ to continue it,
+          or wrap several lines in triple quotes \"\"\"."""
+
+
+class ChatSession:
+    """Conversation state of one chat: messages, last stats and session totals."""
+
+    def __init__(self, engine: Engine, request: GenerationRequest, system: str | None):
+        self.engine = engine
+        self.request = request
+        self.system = system
+        self.messages: list[dict] = []
+        self.last: GenerationStats | None = None
+        self.turns = 0
+        self.total_tokens = 0
+        self.total_gen_s = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.engine.reset()
+
+    def answer(self, user_text: str, write) -> DoneEvent:
+        """Adds a user message, streams the answer through ``write`` and records it."""
+        self.messages.append({"role": "user", "content": user_text})
+        cancel = threading.Event()
+        previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+        done = None
+        try:
+            for ev in self.engine.stream_chat(self.messages, self.request, cancel):
+                if isinstance(ev, TokenEvent) and ev.text:
+                    write(ev.text)
+                elif isinstance(ev, DoneEvent):
+                    done = ev
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        # A stopped answer stays in the history as far as it got, as it was shown.
+        self.messages.append({"role": "assistant", "content": done.text})
+        self.last = done.stats
+        self.turns += 1
+        self.total_tokens += done.stats.generated_tokens
+        self.total_gen_s += done.stats.gen_s
+        return done
+
+    def stats_text(self) -> str:
+        if self.last is None:
+            return "no answer yet"
+        rate = self.total_tokens / self.total_gen_s if self.total_gen_s > 0 else 0.0
+        return (f"last: {c.stats_line(self.last)}\n"
+                f"session: {self.turns} turns, {self.total_tokens} tokens generated, {rate:.1f} tok/s, "
+                f"{len(self.engine.generator.cached)} tokens in the KV cache")
+
+
+def read_message(prompt: str = ">>> ") -> str | None:
+    """Reads one possibly multi-line message; None on Ctrl-D. Ctrl-C clears the input."""
+    while True:
+        try:
+            line = input(prompt)
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            continue
+        except EOFError:
+            return None
+        if line.strip() == '"""':
+            return _read_until('"""')
+        if line.startswith('"""'):
+            return _read_until('"""', first=line[3:])
+        lines = [line]
+        while lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1]
+            try:
+                lines.append(input("... "))
+            except (EOFError, KeyboardInterrupt):
+                break
+        return "\n".join(lines)
+
+
+def _read_until(fence: str, first: str = "") -> str | None:
+    lines = [first] if first else []
+    while True:
+        try:
+            line = input("... ")
+        except (EOFError, KeyboardInterrupt):
+            return "\n".join(lines) or None
+        if line.rstrip().endswith(fence):
+            lines.append(line.rstrip()[: -len(fence)])
+            return "\n".join(lines).strip("\n")
+        lines.append(line)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+@app.command()
+def chat(
+    model: str = c.MODEL,
+    max_tokens: int = c.MAX_TOKENS,
+    temperature: float = c.TEMPERATURE,
+    top_k: int = c.TOP_K,
+    top_p: float = c.TOP_P,
+    min_p: float = c.MIN_P,
+    repeat_penalty: float = c.REPEAT_PENALTY,
+    seed: Optional[int] = c.SEED,
+    system: Optional[str] = c.SYSTEM,
+    ctx: int = c.CTX,
+    threads: Optional[int] = c.THREADS,
+    n_gpu_layers: int = c.GPU_LAYERS,
+) -> None:
+    """Chat in the terminal with history; the KV cache is reused between turns."""
+    request = GenerationRequest(
+        max_tokens=max_tokens,
+        sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
+    with c.engine_from_options(model, ctx, threads, n_gpu_layers) as engine:
+        session = ChatSession(engine, request, system)
+        typer.echo(f"edgespec chat with {model} - /help for commands", err=True)
+        while True:
+            message = read_message()
+            if message is None or message.strip() in ("/exit", "/quit", "/bye"):
+                break
+            command = message.strip()
+            if not command:
+                continue
+            if command == "/reset":
+                session.reset()
+                typer.echo("conversation cleared", err=True)
+            elif command == "/stats":
+                typer.echo(session.stats_text(), err=True)
+            elif command == "/help":
+                typer.echo(HELP, err=True)
+            elif command.startswith("/") and " " not in command:
+                typer.echo(f"unknown command {command}; /help lists them", err=True)
+            else:
+                done = session.answer(message, _write)
+                _write("\n")
+                if done.finish_reason == "cancelled":
+                    typer.echo("[stopped]", err=True)
+                typer.echo(c.stats_line(done.stats), err=True)

@@ -1,0 +1,82 @@
+"""Helpers shared by the generation verbs (run, chat): options, prompts, stats rendering."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from edgespec.engine import DEFAULT_MODEL, Engine, EngineConfig
+from edgespec.errors import InvalidRequest
+from edgespec.events import GenerationStats
+from edgespec.sampling import SamplingParams
+
+# Typer options reused by several verbs; defaults follow llama.cpp's sampler defaults.
+MODEL = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name from the store or path to a .gguf file.")
+CTX = typer.Option(4096, "--ctx", "-c", min=16, help="Context size in tokens.")
+THREADS = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores).")
+GPU_LAYERS = typer.Option(0, "--n-gpu-layers", "-ngl", help="Layers to offload to a GPU (-1: all).")
+TEMPERATURE = typer.Option(0.8, "--temperature", "--temp", min=0.0, help="0 means greedy decoding.")
+TOP_K = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0: off).")
+TOP_P = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (1: off).")
+MIN_P = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below min_p x the top probability.")
+REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty for the last 64 tokens (1: off).")
+SEED = typer.Option(None, "--seed", "-s", help="Random seed for sampling (default: random).")
+MAX_TOKENS = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens to generate.")
+SYSTEM = typer.Option(None, "--system", help="System message.")
+STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
+
+
+def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int) -> Engine:
+    """Loads the target (errors are typed and become one-line CLI messages)."""
+    return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers))
+
+
+def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: float,
+                          repeat_penalty: float, seed: int | None) -> SamplingParams:
+    if top_p <= 0.0:
+        raise InvalidRequest("--top-p must be > 0")
+    if repeat_penalty <= 0.0:
+        raise InvalidRequest("--repeat-penalty must be > 0")
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=seed)
+
+
+def read_prompt(prompt: str | None) -> str:
+    """The prompt from the argument, else from a piped stdin; never blocks on a terminal."""
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InvalidRequest("no prompt: pass it as an argument or pipe it on stdin")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise InvalidRequest("the prompt is empty")
+    return prompt
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def stats_line(stats: GenerationStats) -> str:
+    """One line a person can read at a glance after an answer."""
+    parts = [
+        f"prompt {stats.prompt_tokens} tok"
+        + (f" ({stats.reused_prompt_tokens} reused)" if stats.reused_prompt_tokens else "")
+        + f" @ {stats.prompt_tokens_per_s:.1f} tok/s",
+        f"generated {stats.generated_tokens} tok @ {stats.tokens_per_s:.1f} tok/s",
+        f"ttft {stats.ttft_s:.2f} s",
+        f"peak RSS {human_bytes(stats.peak_rss_bytes)}",
+        f"finish {stats.finish_reason}",
+    ]
+    return " | ".join(parts)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+    sys.stdout.flush()

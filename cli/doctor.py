@@ -1,0 +1,76 @@
+"""`edgespec doctor`: what this machine and the installed llama.cpp build can do."""
+from __future__ import annotations
+
+import platform
+
+import psutil
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from edgespec import __version__, backend
+from edgespec.cli import app
+from edgespec.cli.common import human_bytes, print_json
+from edgespec.store import ModelStore
+from edgespec.tokens import HAVE_NATIVE
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "Hardware")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect() -> dict:
+    """Everything doctor reports, as one JSON-ready dict."""
+    info = backend.system_info()
+    vm = psutil.virtual_memory()
+    store = ModelStore()
+    return {
+        "edgespec": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": {"model": _cpu_model(), "physical_cores": psutil.cpu_count(logical=False),
+                "logical_cores": psutil.cpu_count(logical=True),
+                "features": info["system_info"]},
+        # Unified-memory boards (Jetson) share RAM with the GPU: "available" is what counts.
+        "ram": {"total": vm.total, "available": vm.available},
+        "llama_cpp": {"llama_cpp_python": info["llama_cpp_python"], "gpu_offload": info["gpu_offload"],
+                      "mmap": info["mmap"], "mlock": info["mlock"], "devices": info["devices"]},
+        "native_extensions": HAVE_NATIVE,
+        "store": {"home": str(store.home), "models": [e.to_dict() for e in store.list()]},
+    }
+
+
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Show the CPU, memory, GPU support of llama.cpp and the model store."""
+    d = collect()
+    if as_json:
+        print_json(d)
+        return
+    out = Console(highlight=False)
+    t = Table(show_header=False, box=None)
+    t.add_row("edgespec", f"{d['edgespec']} (Python {d['python']}, native extensions: "
+              f"{'yes' if d['native_extensions'] else 'no, pure-Python twins'})")
+    t.add_row("platform", d["platform"])
+    t.add_row("CPU", f"{d['cpu']['model']} - {d['cpu']['physical_cores']} cores / "
+              f"{d['cpu']['logical_cores']} threads")
+    t.add_row("CPU features", d["cpu"]["features"])
+    t.add_row("RAM", f"{human_bytes(d['ram']['available'])} available of {human_bytes(d['ram']['total'])}")
+    lc = d["llama_cpp"]
+    t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, GPU offload: "
+              f"{'yes' if lc['gpu_offload'] else 'no (CPU-only build)'}, mmap: {lc['mmap']}, mlock: {lc['mlock']}")
+    for dev in lc["devices"]:
+        t.add_row("  device", f"{dev['name']} ({dev['type']}): {dev['description']}, "
+                  f"{human_bytes(dev['memory_free'])} free of {human_bytes(dev['memory_total'])}")
+    t.add_row("model store", d["store"]["home"])
+    for m in d["store"]["models"]:
+        state = "present" if m.get("present") else "not pulled"
+        t.add_row(f"  {m.get('name')}", f"{state}, {human_bytes(m.get('size') or 0)}")
+    out.print(t)

@@ -1,0 +1,99 @@
+"""The llama.cpp backend with a real model: batches, sequences, KV edits, tokenizer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.backend import ContextParams, LlamaContext
+from edgespec.errors import InvalidRequest
+
+TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+
+
+def _one_by_one(ctx, tokens, start=0, seq=0):
+    return np.array([ctx.decode([t], [start + i], [[seq]], [True])[0] for i, t in enumerate(tokens)])
+
+
+def test_flagged_rows_only(small_model, small_ctx):
+    toks = small_model.tokenize(TEXT)
+    flags = [i % 3 == 0 for i in range(len(toks))]
+    out = small_ctx.decode(toks, range(len(toks)), [[0]] * len(toks), flags)
+    assert out.shape == (sum(flags), small_model.n_vocab)
+    small_ctx.clear()
+    ref = _one_by_one(small_ctx, toks)
+    # Batched and one-token decoding agree up to llama.cpp's batch numerics.
+    assert np.abs(out - ref[np.array(flags)]).max() < 0.1
+
+
+def test_token_in_two_sequences_is_attended_by_both(small_model, small_ctx):
+    toks = small_model.tokenize(TEXT)
+    prefix, a, b = toks[:-1], toks[-1], small_model.tokenize(" cat", add_special=False)[0]
+    n = len(prefix)
+    # The prefix is decoded once, shared by sequences 1 and 2; each branch adds its own token.
+    small_ctx.decode(prefix, range(n), [[1, 2]] * n, [False] * n)
+    both = small_ctx.decode([a, b], [n, n], [[1], [2]], [True, True])
+    fresh = LlamaContext(small_model, ContextParams(n_ctx=256))
+    try:
+        ref_a = fresh.decode(prefix + [a], range(n + 1), [[0]] * (n + 1), [False] * n + [True])[0]
+        fresh.clear()
+        ref_b = fresh.decode(prefix + [b], range(n + 1), [[0]] * (n + 1), [False] * n + [True])[0]
+    finally:
+        fresh.close()
+    assert np.abs(both[0] - ref_a).max() < 0.1
+    assert np.abs(both[1] - ref_b).max() < 0.1
+    # The branches really differ: each saw its own last token, not the other's.
+    assert np.abs(both[0] - both[1]).max() > 1.0
+
+
+def test_kv_removal_then_continue_equals_fresh_decode(small_model, small_ctx):
+    toks = small_model.tokenize(TEXT)
+    other = small_model.tokenize(" and then something entirely different happened", add_special=False)
+    keep = len(toks) - 4
+    small_ctx.decode(toks, range(len(toks)), [[0]] * len(toks), [False] * len(toks))
+    small_ctx.seq_rm(0, keep, -1)
+    assert small_ctx.seq_pos_max(0) == keep - 1
+    cont = small_ctx.decode(other, range(keep, keep + len(other)), [[0]] * len(other), [True] * len(other))
+    small_ctx.clear()
+    seq = toks[:keep] + other
+    fresh = small_ctx.decode(seq, range(len(seq)), [[0]] * len(seq),
+                             [False] * keep + [True] * len(other))
+    assert np.abs(cont - fresh).max() < 0.1
+    assert (cont.argmax(-1) == fresh.argmax(-1)).all()
+
+
+def test_seq_copy_and_keep(small_model, small_ctx):
+    toks = small_model.tokenize(TEXT)
+    n = len(toks)
+    small_ctx.decode(toks, range(n), [[0]] * n, [False] * n)
+    small_ctx.seq_cp(0, 3, 0, n)
+    assert small_ctx.seq_pos_max(3) == n - 1
+    small_ctx.seq_keep(3)
+    assert small_ctx.seq_pos_max(0) == -1
+    assert small_ctx.seq_pos_max(3) == n - 1
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(tokens=[], positions=[], seq_ids=[], logits=[]), "empty batch"),
+    (dict(tokens=[1, 2], positions=[0], seq_ids=[[0], [0]], logits=[True, True]), "same length"),
+    (dict(tokens=[10 ** 7], positions=[0], seq_ids=[[0]], logits=[True]), "out of range"),
+    (dict(tokens=[1], positions=[0], seq_ids=[[9]], logits=[True]), "sequence ids"),
+    (dict(tokens=[1], positions=[10 ** 6], seq_ids=[[0]], logits=[True]), "outside the context"),
+])
+def test_bad_batches_are_refused_before_llama_cpp(small_ctx, bad, message):
+    with pytest.raises(InvalidRequest, match=message):
+        small_ctx.decode(**bad)
+
+
+def test_tokenize_roundtrip_and_special_tokens(small_model):
+    text = "Hello, world! héllo 世界"
+    toks = small_model.tokenize(text, add_special=False)
+    assert b"".join(small_model.token_piece(t) for t in toks).decode() == text
+    im_start = small_model.tokenize("<|im_start|>", add_special=False, parse_special=True)
+    assert len(im_start) == 1
+    assert small_model.token_piece(im_start[0]) == b""  # control tokens never print
+
+
+def test_memory_report(small_ctx, small_model):
+    report = small_ctx.memory_report()
+    assert report["weights"] == small_model.weights_bytes > 50_000_000
+    assert report["kv_cache"] > 0
