@@ -1,0 +1,42 @@
+# Two commands for a fresh machine (Python >= 3.10 and a C compiler):
+#   make demo   - create .venv, install edgespec, pull the default models, generate, show stats
+#   make test   - the same set-up, then the whole test suite (real llama.cpp, real models)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+EDGESPEC := $(BIN)/edgespec
+# The multimodal library of llama-cpp-python is not used: skip building it.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+
+DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
+TEST_MODELS := $(DEMO_MODELS) smollm2-135m gemma3-270m
+
+.PHONY: demo test install models test-models clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard native/*.c)
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+models: install
+	@for m in $(DEMO_MODELS); do $(EDGESPEC) models pull $$m || exit 1; done
+
+test-models: install
+	@for m in $(TEST_MODELS); do $(EDGESPEC) models pull $$m || exit 1; done
+
+demo: models
+	$(EDGESPEC) doctor
+	$(EDGESPEC) run --model qwen2.5-coder-1.5b --temperature 0 --max-tokens 128 \
+		"Write a Python function that checks whether a string is a palindrome."
+
+test: test-models
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info edgespec/*.so

@@ -1,0 +1,74 @@
+"""The target distribution: each filter against a direct definition."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.sampling import (SamplingParams, apply_repeat_penalty, greedy_token, sample_from,
+                               target_probs)
+
+EMPTY = np.zeros(0, np.int64)
+
+
+def _softmax(x):
+    z = np.exp(x - x.max())
+    return z / z.sum()
+
+
+def test_greedy_is_one_hot_at_argmax():
+    logits = np.array([0.1, 2.0, 1.9, -3.0], np.float32)
+    p = target_probs(logits, SamplingParams(temperature=0), EMPTY)
+    assert p.tolist() == [0, 1, 0, 0]
+    assert greedy_token(logits, SamplingParams(), EMPTY) == 1
+
+
+def test_plain_temperature_is_softmax():
+    logits = np.random.default_rng(0).normal(size=50).astype(np.float32)
+    params = SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)
+    assert np.allclose(target_probs(logits, params, EMPTY), _softmax(logits.astype(np.float64) / 0.7))
+
+
+def test_top_k_keeps_k_largest():
+    logits = np.arange(10, dtype=np.float32)
+    p = target_probs(logits, SamplingParams(temperature=1, top_k=3, top_p=1, min_p=0), EMPTY)
+    assert np.flatnonzero(p).tolist() == [7, 8, 9]
+    assert np.isclose(p.sum(), 1)
+
+
+@pytest.mark.parametrize("vocab", [20, 5000])  # small and large (fast path) vocabularies
+def test_top_p_keeps_smallest_prefix_reaching_mass(vocab):
+    logits = np.random.default_rng(1).normal(size=vocab).astype(np.float32) * 3
+    params = SamplingParams(temperature=1, top_k=0, top_p=0.8, min_p=0)
+    p = target_probs(logits, params, EMPTY)
+    base = _softmax(logits.astype(np.float64))
+    order = np.argsort(-base)
+    cut = int(np.searchsorted(np.cumsum(base[order]), 0.8)) + 1
+    assert set(np.flatnonzero(p)) == set(order[:cut].tolist())
+
+
+def test_min_p_drops_tokens_below_fraction_of_top():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    p = target_probs(logits, SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0.2), EMPTY)
+    assert np.flatnonzero(p).tolist() == [0, 1, 2]
+
+
+def test_repeat_penalty_like_llama_cpp():
+    logits = np.array([2.0, -2.0, 1.0], np.float32)
+    out = apply_repeat_penalty(logits, np.array([0, 1, 1]), 2.0)
+    assert out.tolist() == [1.0, -4.0, 1.0]
+    assert logits.tolist() == [2.0, -2.0, 1.0]  # input untouched
+
+
+def test_sample_from_matches_distribution():
+    p = np.array([0.0, 0.2, 0.5, 0.3])
+    rng = np.random.default_rng(7)
+    draws = np.bincount([sample_from(p, rng) for _ in range(20000)], minlength=4) / 20000
+    assert draws[0] == 0 and np.abs(draws - p).max() < 0.02
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5),
+                                    dict(min_p=1.0), dict(top_k=-1), dict(repeat_penalty=0)])
+def test_invalid_params(kwargs):
+    from edgespec.errors import InvalidRequest
+    with pytest.raises(InvalidRequest):
+        SamplingParams(**kwargs)
