@@ -314,6 +314,7 @@ class LlamaContext:
         self.n_seq_max = int(lc.llama_n_seq_max(self._ctx))
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+        self._generation = 0  # bumps on every decode; stale lazy logits readers refuse to read
 
     # -- decoding -----------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
@@ -333,6 +334,21 @@ class LlamaContext:
                 a sequence id out of range or a bad token id.
             BackendError: llama.cpp could not find room in the KV cache or failed.
         """
+        rows = self.decode_rows(tokens, positions, seq_ids, logits)
+        flagged = [i for i in range(len(tokens)) if logits[i]]
+        out = np.empty((len(flagged), self.model.n_vocab), dtype=np.float32)
+        for k, i in enumerate(flagged):
+            out[k] = rows(i)
+        return out
+
+    def decode_rows(self, tokens: Sequence[int], positions: Sequence[int],
+                    seq_ids: Sequence[Sequence[int]], logits: Sequence[bool]):
+        """Like ``decode`` but returns ``row(i) -> [n_vocab]`` reading flagged row ``i`` lazily.
+
+        Verification flags every draft node yet usually needs only the rows on the accepted
+        path; copying 150k floats per unneeded row would cost more than the check itself.
+        The accessor is valid until the next decode on this context.
+        """
         n = len(tokens)
         self._check_batch(tokens, positions, seq_ids, logits)
         b = self._batch
@@ -349,12 +365,17 @@ class LlamaContext:
         if rc != 0:
             raise BackendError(f"llama_decode failed (code {rc}): "
                                + ("no room in the KV cache" if rc == 1 else "see debug log"))
-        rows = [i for i in range(n) if logits[i]]
-        out = np.empty((len(rows), self.model.n_vocab), dtype=np.float32)
-        for k, i in enumerate(rows):
-            ptr = lc.llama_get_logits_ith(self._ctx, i)
-            out[k] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
-        return out
+        self._generation += 1
+        generation, n_vocab, flags = self._generation, self.model.n_vocab, list(logits)
+
+        def row(i: int) -> np.ndarray:
+            if generation != self._generation:
+                raise RuntimeError("logits read after a later decode overwrote them")
+            if not (0 <= i < n and flags[i]):
+                raise IndexError(f"row {i} was not flagged for logits")
+            return np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, i), shape=(n_vocab,)).copy()
+
+        return row
 
     def _check_batch(self, tokens, positions, seq_ids, logits) -> None:
         n = len(tokens)

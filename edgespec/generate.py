@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.backend import LlamaContext, LlamaModel
-from edgespec.detok import Detokenizer, StopMatcher
 from edgespec.errors import InvalidRequest
 from edgespec.events import DoneEvent, GenerationStats, TokenEvent
 from edgespec.memwatch import PeakRSS
+from edgespec.output import OutputStream
 from edgespec.sampling import SamplingParams, sample_from, target_probs
 from edgespec.tokens import fast_common_prefix
 
@@ -99,51 +99,38 @@ class Generator:
         stats = GenerationStats(prompt_tokens=len(prompt))
         params = request.sampling
         rng = np.random.default_rng(params.seed)
-        detok, stops = Detokenizer(), StopMatcher(request.stop)
-        out_tokens: list[int] = []
-        text_parts: list[str] = []
+        out = OutputStream(self.model, request.max_tokens, request.stop, request.ignore_eos)
         with PeakRSS() as rss:
             t0 = time.perf_counter()
             logits, stats.reused_prompt_tokens = self.prefill(prompt)
             stats.prompt_eval_s = time.perf_counter() - t0
-            t_first = None
             history = list(prompt)
-            reason, hit = "", False
             while True:
-                token = self._pick(logits, params, history, rng)
-                if t_first is None:
+                token = pick_token(logits, params, history, rng)
+                if not out.tokens:
+                    stats.ttft_s = time.perf_counter() - t0
                     t_first = time.perf_counter()
-                    stats.ttft_s = t_first - t0
-                if self.model.is_eog(token) and not request.ignore_eos:
-                    reason = "stop"
-                    break
-                out_tokens.append(token)
                 history.append(token)
-                text, hit = stops.feed(detok.feed(self.model.token_piece(token)))
-                if text or hit:
-                    text_parts.append(text)
-                yield TokenEvent(text, (token,))
-                if hit:
-                    reason = "stop"
+                event = out.push(token)
+                if event is not None:
+                    yield event
+                if out.done:
                     break
-                if len(out_tokens) >= request.max_tokens or len(self.cached) + 1 >= self.ctx.n_ctx:
-                    reason = "length"
+                if len(self.cached) + 1 >= self.ctx.n_ctx:
+                    out.end("length")
                     break
                 if cancel is not None and cancel.is_set():
-                    reason = "cancelled"
+                    out.end("cancelled")
                     break
                 logits = self.step(token)
-            if not hit:
-                # Held-back text was not the start of a stop string after all.
-                tail = stops.feed(detok.flush())[0] + stops.flush()
-                if tail:
-                    text_parts.append(tail)
-                    yield TokenEvent(tail, ())
-            stats.gen_s = time.perf_counter() - (t_first or t0)
-        stats.generated_tokens = len(out_tokens)
+            tail = out.end()
+            if tail is not None:
+                yield tail
+            stats.gen_s = time.perf_counter() - t_first
+        stats.generated_tokens = len(out.tokens)
         stats.peak_rss_bytes = rss.peak
-        stats.finish_reason = reason
-        yield DoneEvent("".join(text_parts), tuple(out_tokens), stats)
+        stats.finish_reason = out.finish_reason
+        yield DoneEvent(out.text, tuple(out.tokens), stats)
 
     def generate(self, prompt: Sequence[int], request: GenerationRequest = GenerationRequest(),
                  cancel: threading.Event | None = None) -> DoneEvent:
@@ -154,12 +141,17 @@ class Generator:
         assert isinstance(done, DoneEvent)
         return done
 
-    @staticmethod
-    def _pick(logits: np.ndarray, params: SamplingParams, history: list[int],
-              rng: np.random.Generator) -> int:
-        recent = np.asarray(history[-params.repeat_last_n:] if params.repeat_last_n else [], dtype=np.int64)
-        probs = target_probs(logits, params, recent)
-        if params.greedy:
-            return int(np.argmax(probs))
-        return sample_from(probs, rng)
 
+def pick_token(logits: np.ndarray, params: SamplingParams, history: list[int],
+               rng: np.random.Generator) -> int:
+    """The next token of plain decoding: argmax or a draw from the exact target distribution."""
+    probs = target_probs(logits, params, recent_window(history, params))
+    if params.greedy:
+        return int(np.argmax(probs))
+    return sample_from(probs, rng)
+
+
+def recent_window(history: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """Token ids in the repetition-penalty window (prompt included, as llama.cpp does)."""
+    n = params.repeat_last_n if params.repeat_penalty != 1.0 else 0
+    return np.asarray(history[-n:] if n else [], dtype=np.int64)

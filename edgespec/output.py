@@ -1,0 +1,62 @@
+"""Turns sampled token ids into streamed text under a request's stop conditions.
+
+Plain and speculative generation both push tokens through ``OutputStream``, so EOG handling,
+stop strings, max_tokens and multi-byte text behave identically whatever produced the token.
+"""
+from __future__ import annotations
+
+from edgespec.detok import Detokenizer, StopMatcher
+from edgespec.events import TokenEvent
+
+
+class OutputStream:
+    """Accumulates the answer of one request; ``finish_reason`` is set once it must end."""
+
+    def __init__(self, model, max_tokens: int, stop: tuple[str, ...], ignore_eos: bool):
+        self._model = model
+        self._max_tokens = max_tokens
+        self._ignore_eos = ignore_eos
+        self._detok = Detokenizer()
+        self._stops = StopMatcher(stop)
+        self._stop_hit = False
+        self.tokens: list[int] = []
+        self.parts: list[str] = []
+        self.finish_reason = ""
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+    def push(self, token: int, from_draft: bool = False) -> TokenEvent | None:
+        """Adds one sampled token; returns the event to yield (None for an EOG token)."""
+        if self.done:
+            raise RuntimeError("push after the answer ended")
+        if self._model.is_eog(token) and not self._ignore_eos:
+            self.finish_reason = "stop"
+            return None
+        self.tokens.append(token)
+        text, self._stop_hit = self._stops.feed(self._detok.feed(self._model.token_piece(token)))
+        if text:
+            self.parts.append(text)
+        if self._stop_hit:
+            self.finish_reason = "stop"
+        elif len(self.tokens) >= self._max_tokens:
+            self.finish_reason = "length"
+        return TokenEvent(text, (token,), from_draft)
+
+    def end(self, reason: str | None = None) -> TokenEvent | None:
+        """Ends the answer (if not ended yet, with ``reason``); returns held-back text, if any."""
+        if not self.finish_reason:
+            self.finish_reason = reason or "length"
+        if self._stop_hit:
+            return None
+        # Held-back text was not the start of a stop string after all.
+        tail = self._stops.feed(self._detok.flush())[0] + self._stops.flush()
+        if not tail:
+            return None
+        self.parts.append(tail)
+        return TokenEvent(tail, ())
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
