@@ -27,6 +27,8 @@ setup(
     ext_modules=[
         Extension("edgespec._native_tokens", sources=["native/tokens.c"], optional=True,
                   extra_compile_args=["-O3"]),
+        Extension("edgespec._native_suffix", sources=["native/suffix.c"], optional=True,
+                  extra_compile_args=["-O3"]),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -44,7 +44,7 @@ class ChatSession:
         self.engine.reset()
 
     def answer(self, user_text: str, write) -> DoneEvent:
-        """Adds a user message, streams the answer through ``write`` and records it."""
+        """Adds a user message, streams the answer through ``write(text, from_draft)``."""
         self.messages.append({"role": "user", "content": user_text})
         cancel = threading.Event()
         previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
@@ -52,7 +52,7 @@ class ChatSession:
         try:
             for ev in self.engine.stream_chat(self.messages, self.request, cancel):
                 if isinstance(ev, TokenEvent) and ev.text:
-                    write(ev.text)
+                    write(ev.text, ev.from_draft)
                 elif isinstance(ev, DoneEvent):
                     done = ev
         finally:
@@ -111,9 +111,15 @@ def _read_until(fence: str, first: str = "") -> str | None:
         lines.append(line)
 
 
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+DRAFT_COLOUR = "\x1b[32m"  # accepted-draft text in green
+RESET = "\x1b[0m"
+
+
+def _writer(show_drafts: bool):
+    def write(text: str, from_draft: bool = False) -> None:
+        sys.stdout.write(f"{DRAFT_COLOUR}{text}{RESET}" if show_drafts and from_draft else text)
+        sys.stdout.flush()
+    return write
 
 
 @app.command()
@@ -127,6 +133,11 @@ def chat(
     repeat_penalty: float = c.REPEAT_PENALTY,
     seed: Optional[int] = c.SEED,
     system: Optional[str] = c.SYSTEM,
+    draft: str = c.DRAFT,
+    draft_max: int = c.DRAFT_MAX,
+    draft_tree: bool = c.DRAFT_TREE,
+    draft_model: Optional[str] = c.DRAFT_MODEL,
+    show_drafts: bool = typer.Option(False, "--show-drafts", help="Colour text that came from accepted drafts."),
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     n_gpu_layers: int = c.GPU_LAYERS,
@@ -135,8 +146,10 @@ def chat(
     request = GenerationRequest(
         max_tokens=max_tokens,
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
-    with c.engine_from_options(model, ctx, threads, n_gpu_layers) as engine:
+    with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
+                               draft_model) as engine:
         session = ChatSession(engine, request, system)
+        write = _writer(show_drafts)
         typer.echo(f"edgespec chat with {model} - /help for commands", err=True)
         while True:
             message = read_message()
@@ -155,8 +168,8 @@ def chat(
             elif command.startswith("/") and " " not in command:
                 typer.echo(f"unknown command {command}; /help lists them", err=True)
             else:
-                done = session.answer(message, _write)
-                _write("\n")
+                done = session.answer(message, write)
+                write("\n")
                 if done.finish_reason == "cancelled":
                     typer.echo("[stopped]", err=True)
                 typer.echo(c.stats_line(done.stats), err=True)

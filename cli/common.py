@@ -26,11 +26,20 @@ SEED = typer.Option(None, "--seed", "-s", help="Random seed for sampling (defaul
 MAX_TOKENS = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens to generate.")
 SYSTEM = typer.Option(None, "--system", help="System message.")
 STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
+DRAFT = typer.Option("auto", "--draft", "-d",
+                     help="none | suffix | model | hybrid | auto, or a drafter model name/path.")
+DRAFT_MAX = typer.Option(16, "--draft-max", min=1, max=64, help="Most drafted tokens per step.")
+DRAFT_TREE = typer.Option(False, "--draft-tree", help="Model drafter: best-first tree (greedy) instead of a chain.")
+DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
 
 
-def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int) -> Engine:
-    """Loads the target (errors are typed and become one-line CLI messages)."""
-    return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers))
+def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,
+                        draft: str = "auto", draft_max: int = 16, draft_tree: bool = False,
+                        draft_model: str | None = None) -> Engine:
+    """Loads the target and its drafter (errors are typed and become one-line CLI messages)."""
+    return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                               draft=draft, draft_max=draft_max, draft_tree=draft_tree,
+                               draft_model=draft_model))
 
 
 def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: float,
@@ -74,6 +83,12 @@ def stats_line(stats: GenerationStats) -> str:
         f"peak RSS {human_bytes(stats.peak_rss_bytes)}",
         f"finish {stats.finish_reason}",
     ]
+    spec = stats.extra
+    if spec.get("steps"):
+        split = ", ".join(f"{name} {d['accepted']}/{d['drafted']}" for name, d in spec["by_drafter"].items())
+        parts.append(f"draft {spec['mode']}: {spec['steps']} steps, {spec['accepted']}/{spec['drafted']} "
+                     f"accepted ({100 * spec['acceptance_rate']:.0f}%), {spec['mean_emitted']:.2f} tok/step"
+                     + (f" [{split}]" if len(spec["by_drafter"]) > 1 else ""))
     return " | ".join(parts)
 
 

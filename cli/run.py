@@ -28,6 +28,10 @@ def run(
     system: Optional[str] = c.SYSTEM,
     stop: Optional[list[str]] = c.STOP,
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
+    draft: str = c.DRAFT,
+    draft_max: int = c.DRAFT_MAX,
+    draft_tree: bool = c.DRAFT_TREE,
+    draft_model: Optional[str] = c.DRAFT_MODEL,
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     n_gpu_layers: int = c.GPU_LAYERS,
@@ -38,7 +42,8 @@ def run(
     request = GenerationRequest(
         max_tokens=max_tokens, stop=tuple(stop or ()),
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
-    with c.engine_from_options(model, ctx, threads, n_gpu_layers) as engine:
+    with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
+                               draft_model) as engine:
         if raw:
             tokens = engine.text_tokens(text)
         else:

@@ -33,6 +33,12 @@ class EngineConfig:
     n_gpu_layers: int = 0
     use_mmap: bool = True
     use_mlock: bool = False
+    # Speculation: None = the plain baseline generator; otherwise a drafter name from
+    # edgespec.drafters (none | suffix | model | hybrid | auto) or a drafter model name/path.
+    draft: str | None = None
+    draft_model: str | None = None
+    draft_max: int = 16
+    draft_tree: bool = False
 
 
 class Engine:
@@ -48,11 +54,29 @@ class Engine:
         if n_ctx > self.model.n_ctx_train:
             raise InvalidRequest(f"context {n_ctx} exceeds the model's trained context "
                                  f"{self.model.n_ctx_train}")
-        self.ctx = LlamaContext(self.model, ContextParams(n_ctx=n_ctx, n_threads=config.n_threads))
+        if not 1 <= config.draft_max <= 64:
+            raise InvalidRequest(f"draft_max must be in [1, 64], got {config.draft_max}")
+        # One sequence per root-to-leaf path of a draft tree, plus the main sequence.
+        n_seq = 1 + (config.draft_max if config.draft is not None else 0)
+        self.ctx = LlamaContext(self.model, ContextParams(n_ctx=n_ctx, n_threads=config.n_threads,
+                                                          n_seq_max=n_seq))
         self.generator = Generator(self.model, self.ctx)
+        self.drafter = None
+        self.speculative = None
+        if config.draft is not None:
+            self._init_speculation(config)
         self.template = ChatTemplate(self.model.chat_template, self._special_text(self.model.bos),
                                      self._special_text(self.model.eos))
         self._lock = threading.Lock()
+
+    def _init_speculation(self, config: EngineConfig) -> None:
+        from edgespec.drafters import DraftConfig, make_drafter
+        from edgespec.speculative import SpeculativeGenerator
+
+        self.drafter = make_drafter(
+            DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=config.draft_tree,
+                        n_ctx=config.n_ctx, n_threads=config.n_threads), self.model, self.store)
+        self.speculative = SpeculativeGenerator(self.generator, self.drafter, config.draft_max)
 
     def _special_text(self, token: int) -> str:
         return self.model.token_text(token) if 0 <= token < self.model.n_vocab else ""
@@ -76,8 +100,9 @@ class Engine:
     def stream_tokens(self, prompt: Sequence[int], request: GenerationRequest = GenerationRequest(),
                       cancel: threading.Event | None = None) -> Iterator[TokenEvent | DoneEvent]:
         """Streams events for a tokenized prompt; one request at a time per engine."""
+        runner = self.speculative or self.generator
         with self._lock:
-            yield from self.generator.stream(prompt, request, cancel)
+            yield from runner.stream(prompt, request, cancel)
 
     def stream_chat(self, messages: Sequence[Message | dict],
                     request: GenerationRequest = GenerationRequest(),
@@ -98,6 +123,8 @@ class Engine:
         return self.ctx.memory_report()
 
     def close(self) -> None:
+        if self.drafter is not None and hasattr(self.drafter, "close"):
+            self.drafter.close()
         self.ctx.close()
         self.model.close()
 

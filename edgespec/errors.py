@@ -39,5 +39,9 @@ class BudgetExceeded(EdgespecError):
     """A memory budget cannot be met by any placement."""
 
 
+class IncompatibleModels(EdgespecError):
+    """A drafter's vocabulary does not match its target's."""
+
+
 class BackendError(EdgespecError):
     """llama.cpp refused an operation (load, decode, cache edit)."""

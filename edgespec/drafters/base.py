@@ -15,8 +15,12 @@ from edgespec.draft import DraftTree
 class Drafter(Protocol):
     name: str
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        """Starts a request whose context is ``prompt`` (token ids already in the target cache)."""
+    def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
+        """Starts a request whose context is ``prompt``.
+
+        ``sampling`` (SamplingParams) and ``rng`` (numpy Generator) are the request's: a
+        drafter that samples must draw with ``rng`` and record its distributions.
+        """
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         """A draft of at most ``budget`` nodes continuing ``context`` (prompt + emitted so far)."""

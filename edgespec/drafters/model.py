@@ -1,0 +1,182 @@
+"""The `model` drafter: a small GGUF model of the same tokenizer proposes the continuation.
+
+It keeps its own context and KV cache in step with the target: on each proposal it keeps the
+longest common prefix of what it holds and the current context, and decodes only the rest
+(the last step's accepted + bonus tokens), never the whole context.
+
+* chain: one token after another; greedy picks the argmax, sampling draws from the drafter's
+  distribution under the request's sampler settings and records it (exact rejection sampling
+  needs q). Drafting stops when the drafter's top probability falls below ``min_confidence``;
+  the test uses the distribution's maximum, never the drawn token, so a continuing draft is
+  still an unconditioned sample of q.
+* tree (greedy only): SpecExec-style best-first expansion by cumulative probability within a
+  node budget; each round decodes the chosen frontier nodes in one batch, each node in its own
+  sequence so it attends only to its ancestors.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgespec.backend import ContextParams, LlamaContext, LlamaModel
+from edgespec.draft import DraftTree
+from edgespec.generate import recent_window
+from edgespec.sampling import SamplingParams, sample_from, target_probs
+from edgespec.tokens import fast_common_prefix
+
+log = logging.getLogger(__name__)
+
+NAME = "model"
+MAX_TREE_NODES = 63  # each tree node needs a sequence id while drafting
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+class ModelDrafter:
+    """Drafts with a small model; see the module docstring for the two shapes."""
+
+    name = NAME
+
+    def __init__(self, model: LlamaModel, n_ctx: int = 4096, n_threads: int | None = None,
+                 tree: bool = False, min_confidence: float = 0.4, branch: int = 3, round_size: int = 4):
+        self.model = model
+        self.tree = tree
+        self.min_confidence = min_confidence
+        self.branch = branch
+        self.round_size = round_size
+        self.ctx = LlamaContext(model, ContextParams(
+            n_ctx=n_ctx, n_batch=512, n_seq_max=MAX_TREE_NODES + 1 if tree else 1, n_threads=n_threads))
+        self.cached: list[int] = []
+        self.params = SamplingParams(temperature=0.0)
+        self.rng = np.random.default_rng()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None, rng=None) -> None:
+        self.params = sampling or SamplingParams(temperature=0.0)
+        self.rng = rng if rng is not None else np.random.default_rng()
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        pass  # the next propose() syncs the cache from the context it is given
+
+    def end(self) -> None:
+        pass  # the cache stays: the next request (chat turn) reuses its common prefix
+
+    @property
+    def nbytes(self) -> int:
+        r = self.ctx.memory_report()
+        return r["weights"] + r["kv_cache"]
+
+    def close(self) -> None:
+        self.ctx.close()
+
+    # -- drafting -----------------------------------------------------------------------------
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        if budget <= 0 or len(context) + budget + 1 >= self.ctx.n_ctx:
+            return DraftTree.empty(NAME)
+        logits = self._sync(context)
+        if self.tree and self.params.greedy:
+            return self._tree(context, logits, min(budget, MAX_TREE_NODES))
+        return self._chain(context, logits, budget)
+
+    def _sync(self, context: Sequence[int]) -> np.ndarray:
+        """Makes sequence 0 hold exactly ``context``; returns the logits after its last token."""
+        keep = min(fast_common_prefix(self.cached, context), len(context) - 1)
+        self.ctx.seq_rm(0, keep, -1)
+        self.cached = list(context[:keep])
+        logits = None
+        for start in range(keep, len(context), self.ctx.n_batch):
+            chunk = list(context[start:start + self.ctx.n_batch])
+            last = start + len(chunk) == len(context)
+            out = self.ctx.decode(chunk, range(start, start + len(chunk)), [[0]] * len(chunk),
+                                  [last and i == len(chunk) - 1 for i in range(len(chunk))])
+            self.cached.extend(chunk)
+            if last:
+                logits = out[0]
+        return logits
+
+    def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
+        tokens: list[int] = []
+        q_ids: list[np.ndarray] = []
+        q_probs: list[np.ndarray] = []
+        sampling = not self.params.greedy
+        for k in range(budget):
+            if sampling:
+                q = target_probs(logits, self.params, recent_window(list(context) + tokens, self.params))
+                if q.max() < self.min_confidence:
+                    break
+                ids = np.flatnonzero(q)
+                token = sample_from(q, self.rng)
+                q_ids.append(ids)
+                q_probs.append(q[ids])
+            else:
+                lp = _log_softmax(logits)
+                token = int(np.argmax(lp))
+                if np.exp(lp[token]) < self.min_confidence:
+                    break
+            tokens.append(token)
+            if k + 1 < budget:
+                pos = len(self.cached)
+                logits = self.ctx.decode([token], [pos], [[0]], [True])[0]
+                self.cached.append(token)
+        return DraftTree.chain(tokens, NAME, q_ids if sampling else None, q_probs if sampling else None)
+
+    def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
+        base = len(context)  # position of depth-1 nodes
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        scores: list[float] = []
+        heap: list[tuple[float, int, int, int]] = []  # (-logp, order, parent, token)
+        order = 0
+
+        def push_children(parent: int, parent_logp: float, row: np.ndarray) -> None:
+            nonlocal order
+            lp = _log_softmax(row)
+            for t in np.argpartition(-lp, self.branch)[: self.branch]:
+                heapq.heappush(heap, (-(parent_logp + lp[t]), order, parent, int(t)))
+                order += 1
+
+        push_children(-1, 0.0, logits)
+        min_logp = np.log(self.min_confidence) * 2  # prune paths much less likely than a weak chain
+        node_seq: dict[int, int] = {-1: 0}
+        try:
+            while heap and len(tokens) < budget:
+                chosen = []
+                while heap and len(chosen) < self.round_size and len(tokens) < budget:
+                    neg, _, parent, token = heapq.heappop(heap)
+                    if -neg < min_logp:
+                        heap.clear()
+                        break
+                    tokens.append(token)
+                    parents.append(parent)
+                    depths.append(1 if parent < 0 else depths[parent] + 1)
+                    scores.append(-neg)
+                    chosen.append(len(tokens) - 1)
+                if not chosen or len(tokens) >= budget:
+                    break
+                rows = self._expand(chosen, tokens, parents, depths, base, node_seq)
+                for node, row in zip(chosen, rows):
+                    push_children(node, scores[node], row)
+        finally:
+            for seq in range(1, len(node_seq)):
+                self.ctx.seq_rm(seq, -1, -1)
+        return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
+                         meta={"logp": scores})
+
+    def _expand(self, nodes, tokens, parents, depths, base, node_seq) -> np.ndarray:
+        """Decodes ``nodes`` in one batch, each in a fresh sequence holding its ancestors."""
+        seqs = []
+        for node in nodes:
+            seq = len(node_seq)
+            self.ctx.seq_cp(node_seq[parents[node]], seq, -1, -1)
+            node_seq[node] = seq
+            seqs.append([seq])
+        return self.ctx.decode([tokens[n] for n in nodes], [base + depths[n] - 1 for n in nodes],
+                               seqs, [True] * len(nodes))

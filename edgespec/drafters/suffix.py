@@ -1,0 +1,60 @@
+"""The `suffix` drafter: model-free drafts from a suffix index (SuffixDecoding-style).
+
+The index (edgespec/suffix_index.py; C when built) holds the current request's prompt and
+output, growing with every step, plus a bounded history of earlier requests in this process.
+Each step proposes a tree of the most frequent continuations of the longest suffix of the
+context seen before; the tree grows with the match length (``alpha`` tokens per matched
+token, at most ``max_spec``) and keeps only nodes whose estimated probability (product of
+continuation frequencies along the path) is at least ``min_prob``. Drafts are deterministic,
+so they carry no draft distribution.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgespec.draft import DraftTree
+from edgespec.suffix_index import SuffixIndex
+
+NAME = "suffix"
+
+
+class SuffixDrafter:
+    """Drafts from a suffix index over this request and earlier ones."""
+
+    name = NAME
+
+    def __init__(self, max_depth: int = 32, max_history_tokens: int = 1 << 18, max_spec: int = 32,
+                 alpha: float = 1.0, min_prob: float = 0.1, index=None) -> None:
+        """``index``: an existing index to share (e.g. across drafter instances), else a new one."""
+        self.index = index if index is not None else SuffixIndex(
+            max_depth=max_depth, max_history_tokens=max_history_tokens, max_spec=max_spec,
+            alpha=alpha, min_prob=min_prob)
+        self._tail = self.index.max_depth - 1
+
+    def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
+        self.index.add_document(prompt)
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        tail = context[len(context) - self._tail:] if len(context) > self._tail else context
+        tokens, parents, scores, match_len = self.index.propose(tail, budget)
+        if not tokens:
+            tree = DraftTree.empty(NAME)
+            tree.meta["match_len"] = match_len
+            return tree
+        return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
+                         meta={"match_len": match_len, "scores": np.asarray(scores, np.float64)})
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        self.index.extend(emitted)
+
+    def end(self) -> None:
+        self.index.end_document()  # the request stays in the history for later ones
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes
