@@ -71,36 +71,7 @@ def _generate_all(engine: Engine, n_tokens: int) -> list[tuple[tuple[int, ...], 
     return out
 
 
-# -- strict: F32 target ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def f32_path(store, model_path):
-    return build_f32_copy(model_path(SMALL), store.home / "test-cache" / "smollm2-135m-f32.gguf")
-
-
-@pytest.fixture(scope="module")
-def f32_plain(f32_path):
-    with Engine(EngineConfig(model=str(f32_path), n_ctx=1024)) as engine:
-        return [t for t, _ in _generate_all(engine, 128)]
-
-
-@pytest.mark.parametrize("draft, tree", DRAFTS)
-def test_f32_speculative_greedy_equals_plain_exactly(draft, tree, f32_path, f32_plain, model_path):
-    cfg = EngineConfig(model=str(f32_path), n_ctx=1024, draft=draft, draft_tree=tree,
-                       draft_model=str(model_path(SMALL)), draft_max=8)
-    with Engine(cfg) as engine:
-        results = _generate_all(engine, 128)
-    for prompt, plain, (spec, stats) in zip(PROMPTS, f32_plain, results):
-        assert spec == plain, f"{draft}{'/tree' if tree else ''} diverged on {prompt!r}"
-    drafted = sum(s["drafted"] for _, s in results)
-    accepted = sum(s["accepted"] for _, s in results)
-    if draft == "none":
-        assert drafted == 0 and all(s["mean_emitted"] == 1.0 for _, s in results)
-    else:
-        # The drafter really drafted and the engine really accepted: not plain decoding in disguise.
-        assert drafted > 100 and accepted > 50, (drafted, accepted)
-
-
-# -- quantized: Qwen pair, modulo numerics near-ties -----------------------------------------
+# -- equality modulo numerics near-ties ---------------------------------------------------------
 def _batched_vs_single_deviation(model: LlamaModel, tokens: list[int]) -> float:
     """Largest logit difference between one-token decoding and batches of 2..16 tokens."""
     ctx = LlamaContext(model, ContextParams(n_ctx=512))
@@ -129,38 +100,90 @@ def _plain_logits_at(engine: Engine, prompt_tokens: list[int], plain: tuple[int,
     return logits
 
 
+class PlainRun:
+    """Plain greedy answers to PROMPTS and what is needed to judge a divergence."""
+
+    def __init__(self, model: str, n_tokens: int):
+        with Engine(EngineConfig(model=model, n_ctx=1024)) as engine:
+            self.tokens = [t for t, _ in _generate_all(engine, n_tokens)]
+            self.prompts = [engine.chat_tokens([{"role": "user", "content": p}]) for p in PROMPTS]
+            self.deviation = _batched_vs_single_deviation(engine.model, self.prompts[0] + list(self.tokens[0]))
+
+    def divergences(self, engine: Engine, results) -> list[dict]:
+        """Each prompt whose speculative answer differs, with the plain run's top-2 gap there."""
+        out = []
+        for i, (spec, _) in enumerate(results):
+            if spec == self.tokens[i]:
+                continue
+            j = next(k for k, (a, b) in enumerate(zip(spec, self.tokens[i])) if a != b)
+            top2 = np.sort(_plain_logits_at(engine, self.prompts[i], self.tokens[i], j))[-2:]
+            out.append({"prompt": i, "position": j, "top2_gap": float(top2[1] - top2[0])})
+        return out
+
+
+def _report(store, name: str, draft: str, tree: bool, run: PlainRun, divergences: list[dict]) -> None:
+    report = {"draft": draft, "tree": tree, "prompts": len(PROMPTS), "diverged": len(divergences),
+              "batched_vs_single_max_deviation": run.deviation, "divergences": divergences}
+    out = store.home / "test-reports" / f"{name}-{draft}{'-tree' if tree else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    log.warning("%s %s%s: %d/%d prompts diverged at near-ties, deviation %.4f; report %s", name,
+                draft, "/tree" if tree else "", len(divergences), len(PROMPTS), run.deviation, out)
+
+
+# -- strict: F32 target ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def f32_path(store, model_path):
+    return build_f32_copy(model_path(SMALL), store.home / "test-cache" / "smollm2-135m-f32.gguf")
+
+
+@pytest.fixture(scope="module")
+def f32_plain(f32_path):
+    return PlainRun(str(f32_path), 128)
+
+
+@pytest.mark.parametrize("draft, tree", DRAFTS)
+def test_f32_speculative_greedy_equals_plain(draft, tree, f32_path, f32_plain, model_path, store):
+    """Token-for-token equality; the only admissible difference is a genuine tie.
+
+    Even in F32, a prompt can reach a position where plain decoding's two best logits are
+    closer than llama.cpp's batched-vs-one-token difference (0.002 apart was seen here): there
+    no verifier can promise the same pick. Such a divergence must be a tie that small, and rare.
+    """
+    cfg = EngineConfig(model=str(f32_path), n_ctx=1024, draft=draft, draft_tree=tree,
+                       draft_model=str(model_path(SMALL)), draft_max=8)
+    with Engine(cfg) as engine:
+        results = _generate_all(engine, 128)
+        divergences = f32_plain.divergences(engine, results)
+    _report(store, "f32", draft, tree, f32_plain, divergences)
+    assert f32_plain.deviation < 0.1  # F32 batched numerics are tight
+    for d in divergences:
+        assert d["top2_gap"] <= 2 * f32_plain.deviation, f"not a near-tie: {d}"
+    assert len(divergences) <= 1, divergences
+    drafted = sum(s["drafted"] for _, s in results)
+    accepted = sum(s["accepted"] for _, s in results)
+    if draft == "none":
+        assert drafted == 0 and all(s["mean_emitted"] == 1.0 for _, s in results)
+    else:
+        # The drafter really drafted and the engine really accepted: not plain decoding in disguise.
+        assert drafted > 100 and accepted > 50, (drafted, accepted)
+
+
+# -- quantized: Qwen pair, modulo numerics near-ties -----------------------------------------
 @pytest.fixture(scope="module")
 def qwen_plain(model_path):
     model_path(DRAFTER)
-    with Engine(EngineConfig(model=TARGET, n_ctx=1024)) as engine:
-        plain = [t for t, _ in _generate_all(engine, 64)]
-        prompt_tokens = [engine.chat_tokens([{"role": "user", "content": p}]) for p in PROMPTS]
-        dev = _batched_vs_single_deviation(engine.model, prompt_tokens[0] + list(plain[0]))
-    return plain, prompt_tokens, dev
+    return PlainRun(TARGET, 64)
 
 
 @pytest.mark.parametrize("draft, tree", [("suffix", False), ("model", False), ("model", True), ("hybrid", False)])
 def test_quantized_speculative_greedy_equals_plain_modulo_near_ties(draft, tree, qwen_plain, store):
-    plain, prompt_tokens, dev = qwen_plain
-    divergences = []
     with Engine(EngineConfig(model=TARGET, n_ctx=1024, draft=draft, draft_tree=tree, draft_max=8)) as engine:
         results = _generate_all(engine, 64)
-        for i, (spec, _) in enumerate(results):
-            if spec == plain[i]:
-                continue
-            j = next(k for k, (a, b) in enumerate(zip(spec, plain[i])) if a != b)
-            logits = _plain_logits_at(engine, prompt_tokens[i], plain[i], j)
-            top2 = np.sort(logits)[-2:]
-            gap = float(top2[1] - top2[0])
-            divergences.append({"prompt": i, "position": j, "top2_gap": gap, "deviation": dev})
-            assert gap <= 2 * dev, f"prompt {i} diverged at {j} with a top-2 gap {gap:.3f} > 2 x {dev:.3f}"
-    report = {"draft": draft, "tree": tree, "prompts": len(PROMPTS), "diverged": len(divergences),
-              "batched_vs_single_max_deviation": dev, "divergences": divergences}
-    out = store.home / "test-reports" / f"quantized-divergence-{draft}{'-tree' if tree else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    log.warning("quantized %s%s: %d/%d prompts diverged (near-ties), deviation %.3f; report %s",
-                draft, "/tree" if tree else "", len(divergences), len(PROMPTS), dev, out)
+        divergences = qwen_plain.divergences(engine, results)
+    _report(store, "quantized", draft, tree, qwen_plain, divergences)
+    for d in divergences:
+        assert d["top2_gap"] <= 2 * qwen_plain.deviation, f"not a near-tie: {d}"
 
 
 # -- sampling: the distribution is unchanged -------------------------------------------------
