@@ -1,0 +1,113 @@
+"""`edgespec plan`: where a target and its drafter would go under a memory budget, without loading."""
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from edgespec import planner
+from edgespec.cli import app
+from edgespec.cli.common import MODEL, print_json
+from edgespec.errors import InvalidRequest, ModelNotFound
+from edgespec.store import ModelStore
+
+_DRAFT_KINDS = ("none", "suffix", "model", "hybrid", "auto")
+
+
+def _drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFootprint, target_gguf,
+                 store: ModelStore) -> tuple[planner.ModelFootprint | None, bool, list[str]]:
+    """(drafter footprint or None, whether the suffix drafter runs, notes) for a --draft value."""
+    from edgespec import gguf
+    from edgespec.drafters import DEFAULT_DRAFT_MODELS
+    from edgespec.vocab import check_compatible
+
+    notes: list[str] = []
+    if kind == "none":
+        return None, False, notes
+    if kind == "suffix":
+        return None, True, notes
+    suffix = kind in ("auto", "hybrid")
+    name = draft_model if kind in _DRAFT_KINDS else kind
+    if name is None:
+        name = DEFAULT_DRAFT_MODELS.get(target_fp.tokenizer_fingerprint)
+        if name is None:
+            if kind == "auto":
+                notes.append(f"no default drafter model for {target_fp.name}: suffix drafter only")
+                return None, True, notes
+            raise InvalidRequest(f"no default drafter model for {target_fp.name}; pass --draft-model NAME|PATH")
+    try:
+        path = store.resolve(name)
+    except ModelNotFound:
+        if kind == "auto" and draft_model is None:
+            notes.append(f"default drafter {name} is not pulled (edgespec models pull {name}): suffix drafter only")
+            return None, True, notes
+        raise
+    g = gguf.read_gguf(path)
+    check_compatible(target_gguf, g)
+    return planner.estimate_model(g, name=name), suffix, notes
+
+
+@app.command()
+def plan(
+    model: str = MODEL,
+    draft: str = typer.Option("auto", "--draft", "-d",
+                              help="none | suffix | model | hybrid | auto, or a drafter model name/path."),
+    draft_model: str = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid/auto."),
+    ram_budget: str = typer.Option(None, "--ram-budget",
+                                   help="RAM to plan for: 2GiB, 2GB, 2048M or bytes (default: available - margin)."),
+    vram_budget: str = typer.Option(None, "--vram-budget",
+                                    help="GPU memory to plan for (default: free VRAM - margin)."),
+    ctx: int = typer.Option(None, "--ctx", "-c", min=16,
+                            help="Context size in tokens (default: 4096, reduced to fit)."),
+    kv_type: str = typer.Option(None, "--kv-type", help="Force the KV cache type: f16 | q8_0 | q4_0."),
+    draft_max: int = typer.Option(16, "--draft-max", min=1, max=64, help="Most drafted tokens per step."),
+    draft_tree: bool = typer.Option(False, "--draft-tree", help="Model drafter drafts trees (64 sequences)."),
+    mlock: bool = typer.Option(False, "--mlock", help="Lock the weights in RAM if the system allows it."),
+    threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+) -> None:
+    """Plan memory placement (GPU layers, drafter, KV cache, context, mmap, threads) without loading."""
+    from edgespec import gguf
+
+    ram = planner.parse_budget(ram_budget) if ram_budget is not None else None
+    vram = planner.parse_budget(vram_budget) if vram_budget is not None else None
+    if kv_type is not None and kv_type not in planner.KV_TYPES:
+        raise InvalidRequest(f"--kv-type must be one of {', '.join(planner.KV_TYPES)}, got {kv_type!r}")
+    store = ModelStore()
+    path = store.resolve(model)
+    g = gguf.read_gguf(path)
+    target = planner.estimate_model(g, name=model)
+    drafter, suffix, notes = _drafter_for(draft, draft_model, target, g, store)
+    p = planner.make_plan(target, drafter, ram, vram, ctx, suffix=suffix, draft_max=draft_max,
+                          draft_tree=draft_tree, mlock=mlock, kv_type=kv_type, threads=threads)
+    p.warnings[:0] = notes
+    if as_json:
+        print_json(p.to_dict())
+        return
+    _print(p)
+
+
+def _print(p: planner.Plan) -> None:
+    fb = planner.fmt_bytes
+    out = Console(highlight=False)
+    head = f"Plan for {p.target}" + (f" + drafter {p.drafter}" if p.drafter else "")
+    out.print(f"[bold]{head}[/bold]: RAM {fb(p.ram_bytes)} of {fb(p.ram_budget)}"
+              + (f", VRAM {fb(p.vram_bytes)} of {fb(p.vram_budget)}" if p.vram_bytes else ""))
+    t = Table(title="What goes where", title_justify="left")
+    t.add_column("part")
+    t.add_column("where")
+    t.add_column("bytes", justify="right")
+    t.add_column("why")
+    for part in p.parts:
+        t.add_row(part.component, part.where, fb(part.bytes), part.note)
+    t.add_row("[bold]total resident[/bold]", "RAM", f"[bold]{fb(p.ram_bytes)}[/bold]", "")
+    out.print(t)
+    d = Table(title="Decisions", title_justify="left")
+    d.add_column("setting")
+    d.add_column("value")
+    d.add_column("why")
+    for x in p.decisions:
+        d.add_row(x.name, str(x.value), x.why)
+    out.print(d)
+    for w in p.warnings:
+        out.print(f"[yellow]note:[/yellow] {w}")

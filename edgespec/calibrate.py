@@ -1,0 +1,76 @@
+"""Measures what a speculative step costs on this machine, once, and caches it.
+
+Target verify time as a function of tokens in one batch, and a model drafter's time per
+drafted token, measured on the real contexts and cached in the model store per
+(model file, device, threads) so later runs start instantly.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+
+from edgespec.backend import LlamaContext
+from edgespec.policy import CostModel
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+REPEATS = 3
+
+
+def _cache_key(ctx: LlamaContext) -> str:
+    st = os.stat(ctx.model.path)
+    gpu = ctx.model.params.n_gpu_layers
+    return f"{Path(ctx.model.path).name}-{st.st_size}-{st.st_mtime_ns}-t{ctx.n_threads}-ngl{gpu}"
+
+
+def _time_batch(ctx: LlamaContext, n: int, seq: int, token: int) -> float:
+    """Median seconds of an n-token batch at positions 0..n-1 of a scratch sequence."""
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        ctx.decode([token] * n, range(n), [[seq]] * n, [True] * n)
+        times.append(time.perf_counter() - t0)
+        ctx.seq_rm(seq, -1, -1)
+    return statistics.median(times)
+
+
+def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Target time per batch size; uses the last sequence id, which must be empty."""
+    seq = ctx.n_seq_max - 1
+    token = ctx.model.tokenize(" the", add_special=False)[0]
+    sizes = tuple(n for n in sizes if n <= ctx.n_batch)
+    _time_batch(ctx, 1, seq, token)  # warm-up: first decode allocates and faults pages in
+    return sizes, tuple(_time_batch(ctx, n, seq, token) for n in sizes)
+
+
+def measure_draft_token(ctx: LlamaContext) -> float:
+    """Seconds per drafted token of a model drafter (one-token decodes)."""
+    token = ctx.model.tokenize(" the", add_special=False)[0]
+    seq = ctx.n_seq_max - 1
+    _time_batch(ctx, 1, seq, token)
+    return _time_batch(ctx, 1, seq, token)
+
+
+def cost_model(target: LlamaContext, drafter: LlamaContext | None, home: Path) -> CostModel:
+    """The calibrated cost model, from the cache when this configuration was measured before."""
+    key = _cache_key(target) + (f"+{_cache_key(drafter)}" if drafter is not None else "")
+    path = home / "calibration" / f"{key}.json"
+    try:
+        d = json.loads(path.read_text())
+        return CostModel(tuple(d["batch_sizes"]), tuple(d["verify_s"]), d["draft_token_s"])
+    except (OSError, ValueError, KeyError):
+        pass
+    log.info("calibrating speculation costs for %s (once)", Path(target.model.path).name)
+    sizes, times = measure_verify(target)
+    draft_s = measure_draft_token(drafter) if drafter is not None else 0.0
+    cm = CostModel(sizes, times, draft_s)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"batch_sizes": sizes, "verify_s": times, "draft_token_s": draft_s}))
+    os.replace(tmp, path)
+    return cm

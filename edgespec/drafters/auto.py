@@ -1,0 +1,112 @@
+"""The `auto` drafter: per step, the draft (or none) with the best expected tokens per second.
+
+Each step it asks the suffix drafter for its tree (microseconds), prices every prefix of it
+and a model-drafted chain of every length with the calibrated cost model and the running
+acceptance estimates (edgespec.policy), and hands the verifier the winner: a suffix prefix,
+a model chain, or nothing (a plain step). The draft's ``source`` records the decision, so the
+per-drafter split of the stats counts the steps of each mode.
+
+Estimates keep learning while a mode is not chosen: after every step the suffix draft that
+was offered is checked against the token the target actually produced (free), and the model
+drafter is re-probed with a short chain every ``probe_every`` steps.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgespec.draft import DraftTree
+from edgespec.policy import CostModel, DepthAcceptance, RatioEstimate, best_chain_length, best_tree_prefix
+from edgespec.verify import _prefix
+
+NAME = "auto"
+
+
+class AutoDrafter:
+    name = NAME
+
+    def __init__(self, suffix, cost: CostModel, model=None, probe_every: int = 32):
+        self.suffix = suffix
+        self.model = model
+        self.cost = cost
+        self.probe_every = probe_every
+        self.suffix_calibration = RatioEstimate(prior=0.6)
+        self.model_acceptance = DepthAcceptance(prior=0.6)
+        self._offered: DraftTree | None = None  # the suffix draft of the current step
+        self._chosen: DraftTree | None = None
+        self._steps_since_model = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
+        self.suffix.begin(prompt, sampling=sampling, rng=rng)
+        if self.model is not None:
+            self.model.begin(prompt, sampling=sampling, rng=rng)
+
+    def end(self) -> None:
+        self.suffix.end()
+        if self.model is not None:
+            self.model.end()
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.close()
+
+    @property
+    def nbytes(self) -> int:
+        return self.suffix.nbytes + (self.model.nbytes if self.model is not None else 0)
+
+    # -- decisions ----------------------------------------------------------------------------
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        offered = self.suffix.propose(context, budget)
+        self._offered = offered
+        probs = self._suffix_path_probs(offered)
+        m, suffix_rate = best_tree_prefix(probs, self.cost, budget)
+        k, model_rate = self._model_choice(budget)
+        if k and model_rate > suffix_rate:
+            draft = self._model_draft(context, k)
+        elif m:
+            draft = _prefix(offered, m)
+        else:
+            draft = DraftTree.empty("none")
+        self._chosen = draft
+        self._steps_since_model = 0 if draft.source == "model" else self._steps_since_model + 1
+        return draft
+
+    def _suffix_path_probs(self, offered: DraftTree) -> list[float]:
+        scores = offered.meta.get("scores")
+        if scores is None or len(offered) == 0:
+            return []
+        return list(np.clip(np.asarray(scores) * self.suffix_calibration.value, 0.0, 1.0))
+
+    def _model_choice(self, budget: int) -> tuple[int, float]:
+        if self.model is None:
+            return 0, 0.0
+        k, rate = best_chain_length(self.model_acceptance.alphas(), self.cost, budget)
+        if k == 0 and self._steps_since_model >= self.probe_every:
+            return 2, float("inf")  # re-probe: text changes, and so does the drafter's luck
+        return k, rate
+
+    def _model_draft(self, context: Sequence[int], k: int) -> DraftTree:
+        draft = self.model.propose(context, k)
+        return DraftTree(draft.tokens, draft.parents, draft.q_ids, draft.q_probs, source="model",
+                         meta=draft.meta)
+
+    # -- learning -----------------------------------------------------------------------------
+    def observe(self, emitted: Sequence[int]) -> None:
+        chosen, offered = self._chosen, self._offered
+        if chosen is not None and chosen.source == "model":
+            accepted = len(emitted) - 1
+            self.model_acceptance.update(len(chosen), accepted)
+        if offered is not None and len(offered) and len(emitted):
+            # Would the offered suffix draft have got its first token right? Known for free.
+            roots = [i for i in range(len(offered)) if offered.parents[i] < 0]
+            predicted = float(sum(self._suffix_path_probs(offered)[i] for i in roots))
+            hit = any(int(offered.tokens[i]) == int(emitted[0]) for i in roots)
+            scores = offered.meta.get("scores")
+            raw = float(sum(scores[i] for i in roots)) if scores is not None else predicted
+            self.suffix_calibration.update(1.0 if hit else 0.0, raw)
+        self._offered = self._chosen = None
+        self.suffix.observe(emitted)
+        if self.model is not None:
+            self.model.observe(emitted)

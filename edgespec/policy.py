@@ -1,0 +1,112 @@
+"""The adaptive speculation policy: per step, draft only what pays for its verification.
+
+Expected speed of a step = expected emitted tokens / expected step time. Step time comes from
+calibration (target verify time as a function of tokens in the batch, drafter time per drafted
+token); expected emitted tokens from online estimates of acceptance:
+
+* suffix drafts carry a per-node score (the index's empirical probability of that path); a
+  running calibration factor maps scores to observed acceptance,
+* model chains use a running acceptance rate per depth.
+
+Plain decoding (emit 1 token for T(1)) is always a candidate, so speculation never makes a step
+slower in expectation. Everything here is a pure function of numbers or a small estimator.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per step: target verify time for n batch tokens, drafter time per drafted token."""
+
+    batch_sizes: tuple[int, ...]  # increasing, starting at 1
+    verify_s: tuple[float, ...]  # measured target time for each batch size
+    draft_token_s: float = 0.0  # model drafter, per drafted token (0 when there is none)
+
+    def verify(self, n: int) -> float:
+        """Target time for a batch of n tokens (linear interpolation, linear extrapolation)."""
+        xs, ys = np.asarray(self.batch_sizes, float), np.asarray(self.verify_s, float)
+        if n <= xs[-1]:
+            return float(np.interp(n, xs, ys))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
+        return float(ys[-1] + slope * (n - xs[-1]))
+
+
+def best_tree_prefix(path_probs: Sequence[float], cost: CostModel, max_nodes: int) -> tuple[int, float]:
+    """How many nodes of a best-first draft to verify, and the expected tokens/s of doing so.
+
+    Args:
+        path_probs: for each node in drafting order, the estimated probability that the target
+            accepts the whole path to it (a best-first order makes prefixes the best subtrees).
+        cost: calibrated step times.
+        max_nodes: cap on verified nodes.
+    Returns:
+        (m, rate): verify the first m nodes (0 = plain step); rate in tokens per second.
+    """
+    best_m, best_rate = 0, 1.0 / cost.verify(1)
+    expected = 1.0
+    for m, p in enumerate(path_probs[:max_nodes], start=1):
+        expected += p
+        rate = expected / cost.verify(1 + m)
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    return best_m, best_rate
+
+
+def best_chain_length(alphas: Sequence[float], cost: CostModel, max_len: int) -> tuple[int, float]:
+    """Model-drafted chain length maximising expected tokens/s (0 = do not draft).
+
+    A chain of k tokens costs k drafter passes plus a (1 + k)-token verification and emits
+    1 + sum_{j<=k} prod_{d<=j} alpha_d tokens in expectation.
+    """
+    best_k, best_rate = 0, 1.0 / cost.verify(1)
+    expected, survive = 1.0, 1.0
+    for k in range(1, max_len + 1):
+        survive *= alphas[min(k, len(alphas)) - 1]
+        expected += survive
+        rate = expected / (k * cost.draft_token_s + cost.verify(1 + k))
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k, best_rate
+
+
+class RatioEstimate:
+    """Exponential moving average of a ratio, starting from a prior with a pseudo-count."""
+
+    def __init__(self, prior: float, weight: float = 4.0, decay: float = 0.98):
+        self.num, self.den, self.decay = prior * weight, weight, decay
+
+    def update(self, observed: float, predicted: float) -> None:
+        self.num = self.num * self.decay + observed
+        self.den = self.den * self.decay + predicted
+
+    @property
+    def value(self) -> float:
+        return self.num / self.den if self.den > 0 else 0.0
+
+
+class DepthAcceptance:
+    """Running acceptance rate of a chain drafter at each depth (1-based)."""
+
+    def __init__(self, max_depth: int = 64, prior: float = 0.5):
+        self.rates = [RatioEstimate(prior, weight=2.0, decay=0.97) for _ in range(max_depth)]
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A verified chain: depths 1..accepted were accepted, depth accepted+1 was rejected."""
+        for d in range(min(drafted, accepted + 1, len(self.rates))):
+            self.rates[d].update(1.0 if d < accepted else 0.0, 1.0)
+
+    def alphas(self) -> list[float]:
+        return [min(max(r.value, 0.0), 1.0) for r in self.rates]
+
+
+def path_probabilities(parents: Sequence[int], node_probs: Sequence[float]) -> list[float]:
+    """Probability of reaching each node: the product of node probabilities along its path."""
+    out: list[float] = []
+    for i, p in enumerate(parents):
+        out.append(node_probs[i] * (out[p] if p >= 0 else 1.0))
+    return out
