@@ -30,7 +30,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported for their side effect of adding commands to `app`.
-    from edgespec.cli import chat, doctor, models, run  # noqa: F401
+    from edgespec.cli import bench, chat, doctor, models, plan, run, serve  # noqa: F401
 
 
 def _fail(message: str, code: int) -> None:

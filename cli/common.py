@@ -31,15 +31,26 @@ DRAFT = typer.Option("auto", "--draft", "-d",
 DRAFT_MAX = typer.Option(16, "--draft-max", min=1, max=64, help="Most drafted tokens per step.")
 DRAFT_TREE = typer.Option(False, "--draft-tree", help="Model drafter: best-first tree (greedy) instead of a chain.")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
+RAM_BUDGET = typer.Option(None, "--ram-budget",
+                          help="Resident memory limit (2GiB, 2048M, bytes): the planner fits everything under it.")
+
+
+def parse_budget(value: str | None) -> int | None:
+    """--ram-budget text -> bytes (InvalidRequest with the accepted forms when it does not parse)."""
+    if value is None:
+        return None
+    from edgespec.units import parse_bytes
+
+    return parse_bytes(value)
 
 
 def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,
                         draft: str = "auto", draft_max: int = 16, draft_tree: bool = False,
-                        draft_model: str | None = None) -> Engine:
+                        draft_model: str | None = None, ram_budget: str | None = None) -> Engine:
     """Loads the target and its drafter (errors are typed and become one-line CLI messages)."""
     return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
                                draft=draft, draft_max=draft_max, draft_tree=draft_tree,
-                               draft_model=draft_model))
+                               draft_model=draft_model, ram_budget=parse_budget(ram_budget)))
 
 
 def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: float,

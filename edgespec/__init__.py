@@ -10,6 +10,7 @@ from edgespec.errors import (
     InvalidGGUF,
     InvalidRequest,
     ModelNotFound,
+    QueueFull,
     StoreError,
 )
 
@@ -24,6 +25,7 @@ __all__ = [
     "InvalidGGUF",
     "InvalidRequest",
     "ModelNotFound",
+    "QueueFull",
     "StoreError",
     "__version__",
 ]

@@ -22,10 +22,11 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 REPEATS = 3
 
 
-def _cache_key(ctx: LlamaContext) -> str:
+def _cache_key(ctx: LlamaContext, tag: str = "") -> str:
     st = os.stat(ctx.model.path)
-    gpu = ctx.model.params.n_gpu_layers
-    return f"{Path(ctx.model.path).name}-{st.st_size}-{st.st_mtime_ns}-t{ctx.n_threads}-ngl{gpu}"
+    p = ctx.model.params
+    mode = f"ngl{p.n_gpu_layers}-{'mmap' if p.use_mmap else 'load'}-{'repack' if p.repack else 'norepack'}"
+    return f"{Path(ctx.model.path).name}-{st.st_size}-{st.st_mtime_ns}-t{ctx.n_threads}-{mode}{tag}"
 
 
 def _time_batch(ctx: LlamaContext, n: int, seq: int, token: int) -> float:
@@ -56,9 +57,12 @@ def measure_draft_token(ctx: LlamaContext) -> float:
     return _time_batch(ctx, 1, seq, token)
 
 
-def cost_model(target: LlamaContext, drafter: LlamaContext | None, home: Path) -> CostModel:
-    """The calibrated cost model, from the cache when this configuration was measured before."""
-    key = _cache_key(target) + (f"+{_cache_key(drafter)}" if drafter is not None else "")
+def cost_model(target: LlamaContext, drafter: LlamaContext | None, home: Path, tag: str = "") -> CostModel:
+    """The calibrated cost model, from the cache when this configuration was measured before.
+
+    ``tag`` distinguishes placements the parameters do not show (file-backed weights).
+    """
+    key = _cache_key(target, tag) + (f"+{_cache_key(drafter)}" if drafter is not None else "")
     path = home / "calibration" / f"{key}.json"
     try:
         d = json.loads(path.read_text())

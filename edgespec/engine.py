@@ -1,26 +1,41 @@
 """Engine: a loaded target model with its context, chat template and generator.
 
-The one object the CLI (and later the server and embedding apps) holds: it resolves a model
-name or path through the store, validates and loads it once, and turns prompts or chat
-messages into streams of typed events.
+The one object the CLI, the server and embedding apps hold: it resolves a model name or path
+through the store, validates and loads it once, and turns prompts or chat messages into streams
+of typed events.
+
+Thread safety: any thread may call ``generate`` / ``stream`` / ``chat`` (and the older
+``stream_tokens`` / ``stream_chat``). Requests go through a FIFO ``RequestQueue``: one
+generation runs at a time, the others wait their turn in arrival order (at most
+``EngineConfig.max_queue`` of them; one more raises ``QueueFull``). A request is cancelled
+from any thread by setting the ``threading.Event`` passed as ``cancel`` (a waiting request then
+leaves the queue, a running one stops after its current step); either way its stream ends with
+a DoneEvent whose finish_reason is "cancelled". ``cancel_all()`` does that for every request.
 """
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgespec.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
 from edgespec.chat_template import ChatTemplate, Message
-from edgespec.errors import InvalidRequest
-from edgespec.events import DoneEvent, TokenEvent
+from edgespec.errors import InvalidRequest, QueueFull
+from edgespec.events import DoneEvent, GenerationStats, TokenEvent
 from edgespec.generate import GenerationRequest, Generator
+from edgespec.sampling import SamplingParams
 from edgespec.store import ModelStore
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
+
+# What generate() / chat() return: the final event of a request (text, token ids, stats).
+Result = DoneEvent
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,12 @@ class EngineConfig:
     draft_model: str | None = None
     draft_max: int = 16
     draft_tree: bool = False
+    n_seq_max: int | None = None  # default: enough sequences for draft_max-node trees
+    # Resident-memory budget in bytes: None keeps the settings above; otherwise the planner
+    # chooses placement, KV type, batch sizes, drafter and file-backed weights within it.
+    ram_budget: int | None = None
+    # Requests that may wait behind the running one (None: no limit); one more raises QueueFull.
+    max_queue: int | None = None
 
 
 class Engine:
@@ -47,19 +68,34 @@ class Engine:
     def __init__(self, config: EngineConfig = EngineConfig(), store: ModelStore | None = None):
         self.config = config
         self.store = store or ModelStore()
-        path = self.store.resolve(config.model)
-        self.model = LlamaModel(path, ModelParams(n_gpu_layers=config.n_gpu_layers,
-                                                  use_mmap=config.use_mmap, use_mlock=config.use_mlock))
-        n_ctx = config.n_ctx
-        if n_ctx > self.model.n_ctx_train:
-            raise InvalidRequest(f"context {n_ctx} exceeds the model's trained context "
-                                 f"{self.model.n_ctx_train}")
         if not 1 <= config.draft_max <= 64:
             raise InvalidRequest(f"draft_max must be in [1, 64], got {config.draft_max}")
+        path = self.store.resolve(config.model)
         # One sequence per root-to-leaf path of a draft tree, plus the main sequence.
-        n_seq = 1 + (config.draft_max if config.draft is not None else 0)
-        self.ctx = LlamaContext(self.model, ContextParams(n_ctx=n_ctx, n_threads=config.n_threads,
-                                                          n_seq_max=n_seq))
+        n_seq = config.n_seq_max or 1 + (config.draft_max if config.draft is not None else 0)
+        self.placement = None
+        self.releaser = None
+        if config.ram_budget is not None:
+            # Plan before loading anything: an impossible budget is refused here, cheaply.
+            from edgespec.budget import placement
+
+            self.placement = placement(str(path), self.store, config.ram_budget, config.n_ctx, config.draft,
+                                       config.draft_model, config.draft_max, config.draft_tree,
+                                       config.n_threads, n_seq)
+            model_params, ctx_params = self.placement.model_params, self.placement.context_params
+        else:
+            model_params = ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=config.use_mmap,
+                                       use_mlock=config.use_mlock)
+            ctx_params = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq)
+        self.model = LlamaModel(path, model_params)
+        if self.placement is not None and self.placement.file_backed:
+            from edgespec.filebacked import WeightReleaser
+
+            self.releaser = WeightReleaser(str(path), self.placement.release_limit)
+        if ctx_params.n_ctx > self.model.n_ctx_train:
+            raise InvalidRequest(f"context {ctx_params.n_ctx} exceeds the model's trained context "
+                                 f"{self.model.n_ctx_train}")
+        self.ctx = LlamaContext(self.model, ctx_params)
         self.generator = Generator(self.model, self.ctx)
         self.drafter = None
         self.speculative = None
@@ -67,15 +103,22 @@ class Engine:
             self._init_speculation(config)
         self.template = ChatTemplate(self.model.chat_template, self._special_text(self.model.bos),
                                      self._special_text(self.model.eos))
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # kept for code that reads it; admission is self.queue
+        self.queue = RequestQueue(config.max_queue)
+        self._closed = False
 
     def _init_speculation(self, config: EngineConfig) -> None:
         from edgespec.drafters import DraftConfig, make_drafter
         from edgespec.speculative import SpeculativeGenerator
 
-        self.drafter = make_drafter(
-            DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=config.draft_tree,
-                        n_ctx=config.n_ctx, n_threads=config.n_threads), self.model, self.store)
+        p = self.placement
+        draft_cfg = DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=config.draft_tree,
+                                n_ctx=self.ctx.n_ctx, n_threads=config.n_threads)
+        if p is not None:
+            draft_cfg = replace(draft_cfg, kind=p.draft, allow_model=p.model_drafter_allowed,
+                                model_params=p.draft_model_params, suffix_history_tokens=p.suffix_cap_tokens,
+                                calibration_tag="-filebacked" if p.file_backed else "")
+        self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
         self.speculative = SpeculativeGenerator(self.generator, self.drafter, config.draft_max)
 
     def _special_text(self, token: int) -> str:
@@ -99,33 +142,141 @@ class Engine:
     # -- generation ---------------------------------------------------------------------------
     def stream_tokens(self, prompt: Sequence[int], request: GenerationRequest = GenerationRequest(),
                       cancel: threading.Event | None = None) -> Iterator[TokenEvent | DoneEvent]:
-        """Streams events for a tokenized prompt; one request at a time per engine."""
-        runner = self.speculative or self.generator
-        with self._lock:
-            yield from runner.stream(prompt, request, cancel)
+        """Streams events for a tokenized prompt, after the requests queued before it.
+
+        Joins the queue when iteration starts (``QueueFull`` is raised by the first ``next``);
+        see ``submit`` to join it at once.
+        """
+        ticket = self.queue.enter()
+        yield from self._run(ticket, prompt, request, cancel)
+
+    def submit(self, prompt: Sequence[int], request: GenerationRequest = GenerationRequest(),
+               cancel: threading.Event | None = None) -> Iterator[TokenEvent | DoneEvent]:
+        """Like ``stream_tokens`` but takes a place in the queue now.
+
+        Raises:
+            QueueFull: ``max_queue`` requests are already waiting.
+            InvalidRequest: the engine is closed.
+        Returns an iterator that waits for its turn on the first ``next``; closing it (or
+        dropping it) before or during the generation gives the place back.
+        """
+        self._check_open()
+        ticket = self.queue.enter()
+        return _QueuedStream(self._run(ticket, prompt, request, cancel), self.queue, ticket)
+
+    def _run(self, ticket: "_Ticket", prompt: Sequence[int], request: GenerationRequest,
+             cancel: threading.Event | None) -> Iterator[TokenEvent | DoneEvent]:
+        released = False
+        try:
+            if not self.queue.wait(ticket, cancel):
+                stats = GenerationStats(prompt_tokens=len(prompt), finish_reason="cancelled")
+                self.queue.leave(ticket)
+                released = True
+                yield DoneEvent("", (), stats)
+                return
+            runner = self.speculative or self.generator
+            inner = runner.stream(prompt, request, _AnyEvent(cancel, ticket.cancel))
+            try:
+                for ev in inner:
+                    if isinstance(ev, DoneEvent):
+                        # The answer is complete: free the slot before the caller sees the end,
+                        # so the next request starts even if this stream is never closed.
+                        inner.close()
+                        self.queue.leave(ticket)
+                        released = True
+                    yield ev
+            finally:
+                inner.close()
+        finally:
+            if not released:
+                self.queue.leave(ticket)
+
+    def stream(self, prompt: str | Sequence[int], request: GenerationRequest | None = None,
+               cancel: threading.Event | None = None, **options) -> Iterator[TokenEvent | DoneEvent]:
+        """Streams the continuation of a raw prompt (text without the chat template, or ids).
+
+        ``options`` are those of ``make_request`` (max_tokens, stop, temperature, top_k,
+        top_p, min_p, repeat_penalty, seed, ignore_eos); bad ones raise InvalidRequest here.
+        """
+        self._check_open()
+        request = make_request(request, **options)
+        return self.stream_tokens(self._prompt_tokens(prompt), request, cancel)
+
+    def generate(self, prompt: str | Sequence[int], request: GenerationRequest | None = None,
+                 cancel: threading.Event | None = None, **options) -> Result:
+        """Generates the continuation of a raw prompt and returns the final event."""
+        return _last(self.stream(prompt, request, cancel, **options))
 
     def stream_chat(self, messages: Sequence[Message | dict],
-                    request: GenerationRequest = GenerationRequest(),
-                    cancel: threading.Event | None = None) -> Iterator[TokenEvent | DoneEvent]:
+                    request: GenerationRequest | None = None,
+                    cancel: threading.Event | None = None, **options) -> Iterator[TokenEvent | DoneEvent]:
+        """Streams the assistant's answer to ``messages`` rendered with the model's template."""
+        self._check_open()
+        request = make_request(request, **options)
         return self.stream_tokens(self.chat_tokens(messages), request, cancel)
 
+    def chat(self, messages: Sequence[Message | dict], request: GenerationRequest | None = None,
+             cancel: threading.Event | None = None, **options) -> Result:
+        """The assistant's whole answer to ``messages`` (final event: text, ids, stats)."""
+        return _last(self.stream_chat(messages, request, cancel, **options))
+
     def generate_chat(self, messages: Sequence[Message | dict],
-                      request: GenerationRequest = GenerationRequest()) -> DoneEvent:
-        done = None
-        for ev in self.stream_chat(messages, request):
-            done = ev
-        return done
+                      request: GenerationRequest = GenerationRequest(),
+                      cancel: threading.Event | None = None) -> DoneEvent:
+        return self.chat(messages, request, cancel)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidRequest("the engine is closed")
+
+    def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.text_tokens(prompt)
+        tokens = list(prompt)
+        if not tokens:
+            raise InvalidRequest("the prompt is empty")
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.model.n_vocab:
+                raise InvalidRequest(f"prompt token {t!r} is not a token id in [0, {self.model.n_vocab})")
+        return tokens
+
+    def cancel_all(self) -> None:
+        """Cancels the running request and every waiting one (later requests are unaffected)."""
+        self.queue.cancel_all()
 
     def reset(self) -> None:
-        self.generator.reset()
+        """Forgets the KV cache; waits for a running request of another thread to finish."""
+        if self.queue.held_by_current_thread():
+            self.generator.reset()
+            return
+        ticket = self.queue.enter(force=True)
+        try:
+            if self.queue.wait(ticket):  # False: the engine is closing
+                self.generator.reset()
+        finally:
+            self.queue.leave(ticket)
 
     def memory_report(self) -> dict:
         return self.ctx.memory_report()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 60.0) -> None:
+        """Cancels queued and running requests, waits for the running one to stop, frees memory.
+
+        Idempotent. Safe to call from any thread; from the thread that is itself in the middle
+        of a stream it frees at once.
+        """
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self.queue.close()
+        if not self.queue.wait_idle(timeout):
+            log.warning("a generation did not stop within %.0f s; its memory is not freed", timeout)
+            return
         if self.drafter is not None and hasattr(self.drafter, "close"):
             self.drafter.close()
         self.ctx.close()
+        if self.releaser is not None:
+            self.releaser.close()
         self.model.close()
 
     def __enter__(self) -> "Engine":
@@ -133,3 +284,207 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def make_request(request: GenerationRequest | None = None, **options) -> GenerationRequest:
+    """A GenerationRequest from keyword options (or ``request`` itself when there are none).
+
+    Options: max_tokens, stop (a string or strings), ignore_eos, and the SamplingParams fields
+    temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed. The defaults are
+    those of GenerationRequest / SamplingParams (greedy, 512 tokens).
+
+    Raises:
+        InvalidRequest: an unknown option, a value of the wrong type or out of range, or both
+            ``request`` and options.
+    """
+    if request is not None:
+        if options:
+            raise InvalidRequest("pass either a GenerationRequest or keyword options, not both")
+        if not isinstance(request, GenerationRequest):
+            raise InvalidRequest(f"request must be a GenerationRequest, got {type(request).__name__}")
+        return request
+    unknown = sorted(set(options) - _REQUEST_OPTIONS - _SAMPLING_OPTIONS)
+    if unknown:
+        raise InvalidRequest(f"unknown option(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(sorted(_REQUEST_OPTIONS | _SAMPLING_OPTIONS))}")
+    sampling = {k: v for k, v in options.items() if k in _SAMPLING_OPTIONS}
+    for key, value in sampling.items():
+        if value is None and key == "seed":
+            continue
+        integral = key in ("top_k", "repeat_last_n", "seed")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if integral else numbers.Real):
+            raise InvalidRequest(f"{key} must be {'an integer' if integral else 'a number'}, got {value!r}")
+        sampling[key] = int(value) if integral else float(value)
+    stop = options.get("stop", ())
+    if isinstance(stop, str):
+        stop = (stop,)
+    elif stop is None:
+        stop = ()
+    elif not isinstance(stop, (list, tuple)):
+        raise InvalidRequest(f"stop must be a string or a list of strings, got {stop!r}")
+    max_tokens = options.get("max_tokens", GenerationRequest.max_tokens)
+    if isinstance(max_tokens, bool):
+        raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    return GenerationRequest(max_tokens=max_tokens, stop=tuple(stop),
+                             sampling=SamplingParams(**sampling),
+                             ignore_eos=bool(options.get("ignore_eos", False)))
+
+
+_REQUEST_OPTIONS = frozenset({"max_tokens", "stop", "ignore_eos"})
+_SAMPLING_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                               "repeat_last_n", "seed"})
+
+
+def _last(events: Iterator[TokenEvent | DoneEvent]) -> DoneEvent:
+    done = None
+    for ev in events:
+        done = ev
+    if not isinstance(done, DoneEvent):  # pragma: no cover - every stream ends with one
+        raise RuntimeError("generation ended without a DoneEvent")
+    return done
+
+
+class _AnyEvent:
+    """Looks like a threading.Event that is set when any of its parts is (read-only)."""
+
+    def __init__(self, *events: threading.Event | None):
+        self._events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self._events)
+
+
+class _Ticket:
+    """One request's place in a RequestQueue."""
+
+    __slots__ = ("cancel", "thread")
+
+    def __init__(self) -> None:
+        self.cancel = threading.Event()  # set by cancel_all / close
+        self.thread: int | None = None  # the thread that runs it, once it runs
+
+
+class RequestQueue:
+    """FIFO admission to one engine: one request runs, the others wait in arrival order.
+
+    ``enter`` takes a ticket at once (or raises QueueFull when ``max_waiting`` tickets already
+    wait); ``wait`` blocks until the ticket is first and nothing runs, or until it is
+    cancelled; ``leave`` gives the place or the slot back (idempotent).
+    """
+
+    POLL_S = 0.05  # how often a waiting request looks at its caller's cancel event
+
+    def __init__(self, max_waiting: int | None = None):
+        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
+                                        or max_waiting < 0):
+            raise InvalidRequest(f"max_queue must be a non-negative integer, got {max_waiting!r}")
+        self.max_waiting = max_waiting
+        self._cond = threading.Condition()
+        self._waiting: deque[_Ticket] = deque()
+        self._running: _Ticket | None = None
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting behind the running one."""
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request is running."""
+        return self._running is not None
+
+    def held_by_current_thread(self) -> bool:
+        running = self._running
+        return running is not None and running.thread == threading.get_ident()
+
+    def enter(self, force: bool = False) -> _Ticket:
+        with self._cond:
+            if self._closed:
+                raise InvalidRequest("the engine is closed")
+            if (not force and self.max_waiting is not None
+                    and len(self._waiting) + (self._running is not None) > self.max_waiting):
+                raise QueueFull(f"the request queue is full ({self.max_waiting} waiting); retry later")
+            ticket = _Ticket()
+            self._waiting.append(ticket)
+            return ticket
+
+    def wait(self, ticket: _Ticket, cancel: threading.Event | None = None) -> bool:
+        """Blocks until ``ticket`` may run (True) or is cancelled (False, place given back)."""
+        with self._cond:
+            if self.held_by_current_thread():
+                self._remove(ticket)
+                raise InvalidRequest("this thread is already in the middle of a generation on "
+                                     "this engine; finish or close that stream first")
+            while True:
+                if ticket.cancel.is_set() or (cancel is not None and cancel.is_set()):
+                    self._remove(ticket)
+                    return False
+                if self._running is None and self._waiting and self._waiting[0] is ticket:
+                    self._waiting.popleft()
+                    self._running = ticket
+                    ticket.thread = threading.get_ident()
+                    return True
+                if ticket not in self._waiting:  # left (closed stream) or never entered
+                    return False
+                self._cond.wait(self.POLL_S if cancel is not None else None)
+
+    def leave(self, ticket: _Ticket) -> None:
+        with self._cond:
+            self._remove(ticket)
+
+    def _remove(self, ticket: _Ticket) -> None:
+        if self._running is ticket:
+            self._running = None
+        else:
+            try:
+                self._waiting.remove(ticket)
+            except ValueError:
+                return
+        self._cond.notify_all()
+
+    def cancel_all(self) -> None:
+        with self._cond:
+            for ticket in ([self._running] if self._running else []) + list(self._waiting):
+                ticket.cancel.set()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Refuses new tickets and cancels the current ones."""
+        with self._cond:
+            self._closed = True
+        self.cancel_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Waits until nothing runs or waits (a stream of the calling thread counts as idle)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._waiting or (self._running is not None and not self.held_by_current_thread()):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+
+class _QueuedStream:
+    """An iterator over a generation that already holds a place in the queue."""
+
+    def __init__(self, events: Iterator[TokenEvent | DoneEvent], queue: RequestQueue, ticket: _Ticket):
+        self._events, self._queue, self._ticket = events, queue, ticket
+
+    def __iter__(self) -> "_QueuedStream":
+        return self
+
+    def __next__(self) -> TokenEvent | DoneEvent:
+        return next(self._events)
+
+    def close(self) -> None:
+        self._events.close()
+        self._queue.leave(self._ticket)  # a generator never started has no finally to run
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass

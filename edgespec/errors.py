@@ -45,3 +45,7 @@ class IncompatibleModels(EdgespecError):
 
 class BackendError(EdgespecError):
     """llama.cpp refused an operation (load, decode, cache edit)."""
+
+
+class QueueFull(EdgespecError):
+    """An engine's request queue already holds as many waiting requests as it may."""

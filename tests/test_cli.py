@@ -120,3 +120,34 @@ def test_doctor_json():
     assert isinstance(d["llama_cpp"]["gpu_offload"], bool)
     assert any(dev["type"] == "cpu" for dev in d["llama_cpp"]["devices"])
     assert {m["name"] for m in d["store"]["models"]} >= {"qwen2.5-coder-1.5b", "smollm2-135m"}
+
+
+def test_run_with_suffix_drafter_reports_speculation(small):
+    prompt = "Repeat exactly: one two three four five six. one two three four five six. one two three"
+    proc = cli("run", prompt, "--model", small, "--temperature", "0", "-n", "24", "--draft", "suffix", "--json")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout)["stats"]
+    assert stats["mode"] == "suffix" and stats["steps"] >= 1
+    assert stats["drafted"] >= stats["accepted"] >= 0
+    assert stats["mean_emitted"] >= 1.0 and "suffix" in stats["by_drafter"]
+
+
+def test_run_stats_line_shows_drafting(small):
+    proc = cli("run", "one two three one two three one two", "--model", small, "--temperature", "0",
+               "-n", "16", "--draft", "suffix")
+    assert proc.returncode == 0, proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if "tok/s" in ln][0]
+    assert "draft suffix:" in line and "tok/step" in line
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--draft", "bogus"], "--draft must be one of"),
+    (["--draft", "model"], "no default drafter model"),
+    (["--draft", "qwen2.5-coder-0.5b"], "cannot draft for"),
+])
+def test_bad_drafter_choices(small, args, fragment):
+    assert_one_line_error(cli("run", "hi", "--model", small, *args), 1, fragment)
+
+
+def test_draft_max_out_of_range():
+    assert_one_line_error(cli("run", "hi", "--draft-max", "0"), 2, "--draft-max")

@@ -1,16 +1,16 @@
 """Drafters, picked by name from a registry.
 
 `--draft` accepts: none | suffix | model | hybrid | auto | a drafter model name or GGUF path
-(meaning `model` with that file). Until the scheduler lands, `auto` is the suffix drafter:
-model-free drafting costs nothing per step, so it never makes decoding much slower, while a
-model drafter on a CPU shares the cores with the target and often does.
+(meaning `model` with that file). `auto` (edgespec.drafters.auto) decides every step between
+the suffix draft, a model-drafted chain (when a drafter model for the target is in the store)
+and a plain step, from calibrated costs and running acceptance estimates.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
-from edgespec.backend import LlamaModel
+from edgespec.backend import LlamaModel, ModelParams
 from edgespec.errors import InvalidRequest, ModelNotFound
 from edgespec.store import ModelStore
 from edgespec.vocab import check_compatible
@@ -31,6 +31,10 @@ class DraftConfig:
     tree: bool = False  # model drafter: best-first tree instead of a chain (greedy only)
     n_ctx: int = 4096
     n_threads: int | None = None
+    suffix_history_tokens: int = 1 << 18  # the suffix index's memory cap (~115 bytes a token)
+    allow_model: bool = True  # False under a RAM budget the drafter model does not fit
+    model_params: ModelParams | None = None  # placement of the drafter model (planner's choice)
+    calibration_tag: str = ""  # e.g. "-filebacked": costs differ from a resident load
 
 
 def _default_draft_model(target: LlamaModel, store: ModelStore) -> str:
@@ -50,17 +54,40 @@ def _model_drafter(target: LlamaModel, store: ModelStore, name: str | None, cfg:
     from edgespec.gguf import read_gguf
 
     check_compatible(target.gguf, read_gguf(path))
-    return ModelDrafter(LlamaModel(path), n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, tree=cfg.tree)
+    return ModelDrafter(LlamaModel(path, cfg.model_params or ModelParams()), n_ctx=cfg.n_ctx,
+                        n_threads=cfg.n_threads, tree=cfg.tree)
 
 
-def _suffix_drafter():
+def _suffix_drafter(cfg: DraftConfig):
     from edgespec.drafters.suffix import SuffixDrafter
 
-    return SuffixDrafter()
+    return SuffixDrafter(max_history_tokens=cfg.suffix_history_tokens)
 
 
-def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore):
+def _auto_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target_ctx, shared_model=None):
+    from edgespec.calibrate import cost_model
+    from edgespec.drafters.auto import AutoDrafter
+
+    model = shared_model if cfg.allow_model else None
+    if model is None and cfg.allow_model and (cfg.draft_model or _has_default_drafter(target, store)):
+        model = _model_drafter(target, store, cfg.draft_model, cfg)
+    cost = cost_model(target_ctx, model.ctx if model is not None else None, store.home, cfg.calibration_tag)
+    return AutoDrafter(_suffix_drafter(cfg), cost, model=model)
+
+
+def _has_default_drafter(target: LlamaModel, store: ModelStore) -> bool:
+    try:
+        return store.is_present(_default_draft_model(target, store))
+    except InvalidRequest:
+        return False
+
+
+def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target_ctx=None,
+                 shared_model=None):
     """Builds the drafter ``cfg`` names for ``target``.
+
+    ``target_ctx`` is needed by `auto` (it calibrates on the target's context);
+    ``shared_model`` lets several drafters reuse one loaded model drafter.
 
     Raises:
         ModelNotFound / InvalidGGUF: the drafter model cannot be found or read.
@@ -71,14 +98,19 @@ def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore):
         from edgespec.drafters.none import NoDrafter
 
         return NoDrafter()
-    if kind in ("suffix", "auto"):
-        return _suffix_drafter()
+    if kind == "suffix":
+        return _suffix_drafter(cfg)
+    if kind == "auto":
+        if target_ctx is None:
+            raise ValueError("the auto drafter needs the target context to calibrate on")
+        return _auto_drafter(cfg, target, store, target_ctx, shared_model)
     if kind == "model":
-        return _model_drafter(target, store, cfg.draft_model, cfg)
+        return shared_model or _model_drafter(target, store, cfg.draft_model, cfg)
     if kind == "hybrid":
         from edgespec.drafters.hybrid import HybridDrafter
 
-        return HybridDrafter(_suffix_drafter(), _model_drafter(target, store, cfg.draft_model, cfg))
+        return HybridDrafter(_suffix_drafter(cfg),
+                             shared_model or _model_drafter(target, store, cfg.draft_model, cfg))
     # A model name or a path: the model drafter with that file.
     try:
         store.resolve(kind)

@@ -51,8 +51,10 @@ class ModelDrafter:
         self.min_confidence = min_confidence
         self.branch = branch
         self.round_size = round_size
+        # Always room for tree drafting (the flag can change between requests); a small ubatch
+        # keeps the compute buffer (ubatch x vocabulary logits) small: drafts are a few tokens.
         self.ctx = LlamaContext(model, ContextParams(
-            n_ctx=n_ctx, n_batch=512, n_seq_max=MAX_TREE_NODES + 1 if tree else 1, n_threads=n_threads))
+            n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=MAX_TREE_NODES + 1, n_threads=n_threads))
         self.cached: list[int] = []
         self.params = SamplingParams(temperature=0.0)
         self.rng = np.random.default_rng()

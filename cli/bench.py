@@ -1,0 +1,86 @@
+"""`edgespec bench`: plain decoding and each configuration side by side, same prompts, one run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from edgespec.bench.plot import plot_speedups
+from edgespec.bench.prompts import load_prompts, load_suite, select
+from edgespec.bench.runner import BenchSettings, run_bench
+from edgespec.bench.summary import OVERALL
+from edgespec.cli import app
+from edgespec.cli import common as c
+from edgespec.errors import InvalidRequest
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def render_table(summary: dict) -> Table:
+    t = Table(title="tokens/s | speedup over plain (same run) | mean emitted tokens per step")
+    t.add_column("config")
+    categories = list(next(iter(summary.values())).keys())
+    for cat in categories:
+        t.add_column(cat, justify="right")
+    for cfg, cells in summary.items():
+        row = [cfg]
+        for cat in categories:
+            cell = cells.get(cat)
+            row.append("-" if cell is None else
+                       f"{_fmt(cell['tokens_per_s'], '.1f')} | {_fmt(cell['speedup'], '.2f')}x | "
+                       f"{_fmt(cell['mean_emitted'], '.2f')}")
+        t.add_row(*row)
+    return t
+
+
+@app.command()
+def bench(
+    suite: Optional[str] = typer.Option(None, "--suite", help="specbench | code-edit"),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL prompt file (id, category, turns|prompt)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Prompts per category (deterministic)."),
+    configs: str = typer.Option("plain,suffix", "--configs",
+                                help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, peer:..."),
+    model: str = c.MODEL,
+    draft_model: Optional[str] = c.DRAFT_MODEL,
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
+    temperature: float = typer.Option(0.0, "--temperature", "--temp", min=0.0),
+    seed: int = typer.Option(0, "--seed", "-s"),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="Repeat the whole run and report the spread."),
+    draft_max: int = c.DRAFT_MAX,
+    ram_budget: Optional[str] = c.RAM_BUDGET,
+    ctx: int = c.CTX,
+    threads: Optional[int] = c.THREADS,
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record and the summary here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw speedup per category (needs matplotlib)."),
+) -> None:
+    """Benchmark plain decoding against speculative configurations and peers."""
+    if (suite is None) == (prompts is None):
+        raise InvalidRequest("pass exactly one of --suite or --prompts")
+    items = select(load_suite(suite) if suite else load_prompts(prompts), limit)
+    settings = BenchSettings(model=model, draft_model=draft_model, max_tokens=max_tokens,
+                             temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
+                             draft_max=draft_max, repeats=repeat, ram_budget=c.parse_budget(ram_budget))
+    err = Console(stderr=True, highlight=False)
+
+    def progress(n: int, total: int, pid: str, config: str) -> None:
+        err.print(f"[{n + 1}/{total}] {pid} {config}", end="\r")
+
+    result = run_bench(items, [x.strip() for x in configs.split(",") if x.strip()], settings, progress)
+    summary = result.summary
+    Console(highlight=False).print(render_table(summary))
+    for cfg, cells in summary.items():
+        o = cells[OVERALL]
+        if "speedup_min" in o:
+            err.print(f"{cfg}: overall speedup {o['speedup']:.2f}x over {repeat} repeats "
+                      f"(min {o['speedup_min']:.2f}x, max {o['speedup_max']:.2f}x)")
+    if json_out:
+        json_out.write_text(json.dumps(result.to_dict(), indent=1))
+        err.print(f"wrote {json_out}")
+    if plot:
+        err.print(f"wrote {plot_speedups(summary, plot, title=suite or str(prompts))}")

@@ -1,0 +1,98 @@
+"""Benchmark prompt sets: Spec-Bench, the code-edit suite, or a user's JSONL file.
+
+A prompt file has one JSON object per line: ``id``, ``category`` and either ``turns`` (user
+messages, as in Spec-Bench; the first one is used with the chat template) or ``prompt`` (raw
+text, sent without a template).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.errors import InvalidRequest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+SUITES = {
+    "specbench": BENCH_DIR / "specbench" / "question.jsonl",
+    "code-edit": BENCH_DIR / "code_edit.jsonl",
+}
+# Spec-Bench reports the eight MT-bench sub-categories together as one category.
+MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+SPECBENCH_CATEGORY = "multi_turn"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    text: str
+    templated: bool  # True: a user message for the chat template; False: raw prompt text
+
+
+def _parse_line(obj: dict, where: str, specbench: bool) -> BenchPrompt:
+    pid = obj.get("id", obj.get("question_id"))
+    category = obj.get("category")
+    if pid is None or not isinstance(category, str):
+        raise InvalidRequest(f"{where}: needs 'id' and 'category'")
+    if specbench and category in MT_BENCH:
+        category = SPECBENCH_CATEGORY
+    if "turns" in obj:
+        turns = obj["turns"]
+        if not (isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0].strip()):
+            raise InvalidRequest(f"{where}: 'turns' must be a non-empty list of strings")
+        return BenchPrompt(str(pid), category, turns[0], True)
+    if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+        return BenchPrompt(str(pid), category, obj["prompt"], False)
+    raise InvalidRequest(f"{where}: needs 'turns' (list of user messages) or 'prompt' (text)")
+
+
+def load_prompts(path: str | Path, specbench: bool = False) -> list[BenchPrompt]:
+    """Reads a prompt file; raises InvalidRequest naming the line of the first problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidRequest(f"prompt file not found: {path}")
+    prompts = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequest(f"{path}:{n}: not JSON ({exc.msg})") from exc
+            if not isinstance(obj, dict):
+                raise InvalidRequest(f"{path}:{n}: each line must be a JSON object")
+            prompts.append(_parse_line(obj, f"{path}:{n}", specbench))
+    if not prompts:
+        raise InvalidRequest(f"{path}: no prompts")
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise InvalidRequest(f"{path}: duplicate ids")
+    return prompts
+
+
+def load_suite(name: str) -> list[BenchPrompt]:
+    if name not in SUITES:
+        raise InvalidRequest(f"unknown suite {name!r}; choose from {', '.join(SUITES)}")
+    return load_prompts(SUITES[name], specbench=(name == "specbench"))
+
+
+def select(prompts: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
+    """Up to ``limit`` prompts per category, evenly spaced through the file (deterministic).
+
+    Even spacing rather than the first k keeps Spec-Bench's multi-turn category spread over
+    its eight sub-categories, which sit in blocks in the file.
+    """
+    if limit is None:
+        return list(prompts)
+    if limit < 1:
+        raise InvalidRequest("--limit must be >= 1")
+    by_cat: dict[str, list[BenchPrompt]] = {}
+    for p in prompts:
+        by_cat.setdefault(p.category, []).append(p)
+    chosen = set()
+    for items in by_cat.values():
+        k = min(limit, len(items))
+        chosen.update(items[i * len(items) // k].id for i in range(k))
+    return [p for p in prompts if p.id in chosen]

@@ -1,0 +1,196 @@
+"""Runs plain decoding and each configuration on the same prompts, interleaved, in one process.
+
+The target model is loaded once and shared by every edgespec configuration (each only adds
+its drafter), and the KV cache is cleared before every run so each one pays the same
+prefill. Suffix drafters start fresh for every prompt: a benchmark that repeats prompts must
+not let a drafter remember the answer from an earlier run of the same prompt.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from edgespec.bench import peers
+from edgespec.bench.machine import describe
+from edgespec.bench.prompts import BenchPrompt
+from edgespec.bench.summary import PLAIN, Record, interleaved_order, summarize
+from edgespec.drafters import DraftConfig, make_drafter
+from edgespec.engine import Engine, EngineConfig
+from edgespec.errors import InvalidRequest
+from edgespec.events import DoneEvent
+from edgespec.generate import GenerationRequest
+from edgespec.sampling import SamplingParams
+from edgespec.speculative import SpeculativeGenerator
+
+log = logging.getLogger(__name__)
+
+EDGESPEC_CONFIGS = ("none", "suffix", "model", "model-tree", "hybrid", "auto")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    model: str = "qwen2.5-coder-1.5b"
+    draft_model: str | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    n_ctx: int = 4096
+    threads: int | None = None
+    draft_max: int = 16
+    repeats: int = 1
+    ram_budget: int | None = None
+
+
+@dataclass
+class BenchResult:
+    machine: dict
+    settings: dict
+    records: list[Record] = field(default_factory=list)
+
+    @property
+    def summary(self) -> dict:
+        return summarize(self.records)
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "settings": self.settings,
+                "records": [r.to_dict() for r in self.records], "summary": self.summary}
+
+
+def validate_configs(configs: list[str]) -> list[str]:
+    known = set(EDGESPEC_CONFIGS) | set(peers.PEERS) | {PLAIN}
+    bad = [c for c in configs if c not in known]
+    if bad:
+        raise InvalidRequest(f"unknown config(s) {', '.join(bad)}; choose from {', '.join(sorted(known))}")
+    return [PLAIN] + [c for c in dict.fromkeys(configs) if c != PLAIN]
+
+
+class _Runners:
+    """Builds the generator for each configuration, sharing the target and the model drafter."""
+
+    def __init__(self, engine: Engine, settings: BenchSettings):
+        self.engine = engine
+        self.settings = settings
+        self._model_drafter = None
+
+    def model_drafter(self, tree: bool):
+        if self._model_drafter is None:
+            self._model_drafter = make_drafter(self._draft_config("model"), self.engine.model, self.engine.store)
+        self._model_drafter.tree = tree
+        return self._model_drafter
+
+    def _draft_config(self, kind: str) -> DraftConfig:
+        cfg = DraftConfig(kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
+                          n_threads=self.settings.threads)
+        p = self.engine.placement
+        if p is not None:
+            cfg = replace(cfg, allow_model=p.model_drafter_allowed, suffix_history_tokens=p.suffix_cap_tokens,
+                          calibration_tag="-filebacked" if p.file_backed else "")
+        return cfg
+
+    def runner(self, config: str):
+        """A fresh drafter per call (no history carried between prompts), sharing the model."""
+        if config == PLAIN:
+            return self.engine.generator
+        kind = "model" if config == "model-tree" else config
+        wants_model = kind in ("model", "hybrid") or (kind == "auto" and self._draft_config(kind).allow_model)
+        shared = self.model_drafter(tree=config == "model-tree") if wants_model else None
+        drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
+                               target_ctx=self.engine.ctx, shared_model=shared)
+        return SpeculativeGenerator(self.engine.generator, drafter, self.settings.draft_max)
+
+    def close(self) -> None:
+        if self._model_drafter is not None:
+            self._model_drafter.close()
+
+
+def _record(p: BenchPrompt, config: str, repeat: int, done: DoneEvent) -> Record:
+    s, x = done.stats, done.stats.extra
+    steps = x.get("steps", max(s.generated_tokens - 1, 0))
+    return Record(id=p.id, category=p.category, config=config, new_tokens=s.generated_tokens,
+                  gen_s=s.gen_s, prefill_s=s.prompt_eval_s, steps=steps, drafted=x.get("drafted", 0),
+                  accepted=x.get("accepted", 0), peak_rss_bytes=s.peak_rss_bytes, text=done.text,
+                  repeat=repeat, gen_tokens=max(s.generated_tokens - 1, 0))
+
+
+def _peer_record(p: BenchPrompt, config: str, repeat: int, r: peers.PeerResult) -> Record:
+    return Record(id=p.id, category=p.category, config=config, new_tokens=r.new_tokens, gen_s=r.gen_s,
+                  prefill_s=r.prefill_s or 0.0, steps=r.raw.get("steps", 0) if r.raw else 0,
+                  drafted=r.drafted, accepted=r.accepted, peak_rss_bytes=r.raw.get("peak_rss_bytes", 0)
+                  if r.raw else 0, text=r.text or "", repeat=repeat, gen_tokens=r.gen_tokens)
+
+
+def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSettings,
+              progress: Callable[[int, int, str, str], None] | None = None) -> BenchResult:
+    """Runs every (repeat, prompt, config) in interleaved order and returns all records."""
+    configs = validate_configs(configs)
+    # A budget is planned for the target with the suffix drafter; configurations that add a
+    # drafter model do so on top of it (auto only when the plan leaves room for one).
+    engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
+                                 n_seq_max=settings.draft_max + 1, ram_budget=settings.ram_budget,
+                                 draft="suffix" if settings.ram_budget is not None else None))
+    runners = _Runners(engine, settings)
+    result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs))
+    by_id = {p.id: p for p in prompts}
+    order = interleaved_order([p.id for p in prompts], configs, settings.repeats)
+    plain_text: dict[tuple[int, str], str] = {}
+    try:
+        for n, (repeat, pid, config) in enumerate(order):
+            p = by_id[pid]
+            if progress:
+                progress(n, len(order), pid, config)
+            rec = _run_one(engine, runners, p, config, repeat, settings)
+            if rec is None:
+                continue
+            if config == PLAIN:
+                plain_text[(repeat, pid)] = rec.text
+            elif (repeat, pid) in plain_text:
+                rec.same_as_plain = rec.text == plain_text[(repeat, pid)]
+            result.records.append(rec)
+    finally:
+        runners.close()
+        engine.close()
+    return result
+
+
+def _prompt_tokens(engine: Engine, p: BenchPrompt) -> list[int]:
+    if p.templated:
+        return engine.chat_tokens([{"role": "user", "content": p.text}])
+    return engine.text_tokens(p.text)
+
+
+def _run_one(engine, runners, p: BenchPrompt, config: str, repeat: int, settings: BenchSettings):
+    if config.startswith("peer:"):
+        try:
+            r = peers.run(config, _render(engine, p),
+                          target_path=engine.model.path, draft_path=_peer_draft_path(engine, settings),
+                          max_tokens=settings.max_tokens, threads=engine.ctx.n_threads, ctx=settings.n_ctx)
+        except peers.PeerUnavailable as exc:
+            log.warning("%s skipped: %s", config, exc)
+            return None
+        return _peer_record(p, config, repeat, r)
+    tokens = _prompt_tokens(engine, p)
+    engine.reset()
+    request = GenerationRequest(max_tokens=settings.max_tokens,
+                                sampling=SamplingParams(temperature=settings.temperature, seed=settings.seed))
+    done = None
+    for ev in runners.runner(config).stream(tokens, request):
+        done = ev
+    return _record(p, config, repeat, done)
+
+
+def _render(engine: Engine, p: BenchPrompt) -> str:
+    """The exact prompt text edgespec feeds the model, for peers that tokenize themselves."""
+    if p.templated:
+        return engine.template.render([{"role": "user", "content": p.text}], add_generation_prompt=True)
+    return p.text
+
+
+def _peer_draft_path(engine: Engine, settings: BenchSettings) -> str | None:
+    from edgespec.drafters import _default_draft_model
+
+    try:
+        name = settings.draft_model or _default_draft_model(engine.model, engine.store)
+        return str(engine.store.resolve(name))
+    except Exception:  # noqa: BLE001 - a peer without a drafter is reported by the peer itself
+        return None

@@ -1,0 +1,87 @@
+"""Turns a RAM budget into concrete load settings through the planner, and enforces it.
+
+The engine calls ``placement`` before loading anything: it estimates the target (and the
+drafter it would use) from GGUF metadata, asks the planner for a plan within the budget
+(BudgetExceeded, with the smallest budget that would work, when none fits) and returns the
+model / context parameters, the drafter to actually use (a model drafter that does not fit is
+dropped for the suffix drafter, and said so), and whether the weights run file-backed.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from edgespec import planner
+from edgespec.backend import ContextParams, ModelParams
+from edgespec.gguf import read_gguf
+from edgespec.store import ModelStore
+
+log = logging.getLogger(__name__)
+
+# Headroom under the budget for what one poll of the weight releaser can fault in, plus the
+# interpreter's own jitter (allocations between RSS samples).
+RELEASE_MARGIN = 48 << 20
+MODEL_DRAFTS = ("model", "hybrid", "auto")
+
+
+@dataclass(frozen=True)
+class Placement:
+    plan: planner.Plan
+    model_params: ModelParams
+    context_params: ContextParams
+    draft: str | None  # the drafter kind to build (may differ from the request: stated)
+    model_drafter_allowed: bool  # False: the drafter model did not fit (auto runs without it)
+    draft_model_params: ModelParams | None
+    suffix_cap_tokens: int
+    file_backed: bool
+    release_limit: int  # resident bytes above which file-backed weights are dropped
+    notes: tuple[str, ...] = ()
+
+
+def _drafter_path(store: ModelStore, draft: str | None, draft_model: str | None, target_gguf) -> str | None:
+    """The drafter model file the requested speculation would load, if any."""
+    if draft is None or draft in ("none", "suffix"):
+        return None
+    if draft not in MODEL_DRAFTS:  # a model name or path given as --draft
+        return str(store.resolve(draft))
+    if draft_model:
+        return str(store.resolve(draft_model))
+    from edgespec.drafters import DEFAULT_DRAFT_MODELS
+    from edgespec.gguf import tokenizer_fingerprint
+
+    name = DEFAULT_DRAFT_MODELS.get(tokenizer_fingerprint(target_gguf))
+    if name and store.is_present(name):
+        return str(store.resolve(name))
+    return None
+
+
+def placement(target_path: str, store: ModelStore, ram_budget: int, n_ctx: int, draft: str | None,
+              draft_model: str | None, draft_max: int, draft_tree: bool, threads: int | None,
+              n_seq_max: int) -> Placement:
+    """Plans the load within ``ram_budget``; raises BudgetExceeded when nothing fits."""
+    target_gguf = read_gguf(target_path)
+    target_fp = planner.estimate_model(target_gguf)
+    dpath = _drafter_path(store, draft, draft_model, target_gguf)
+    drafter_fp = planner.estimate_model(read_gguf(dpath)) if dpath else None
+    uses_suffix = draft in ("suffix", "hybrid", "auto")
+    plan = planner.make_plan(target_fp, drafter_fp, ram_budget=ram_budget, n_ctx=n_ctx, suffix=uses_suffix,
+                             draft_max=draft_max, draft_tree=draft_tree, threads=threads)
+    notes = []
+    effective, allowed = draft, True
+    if drafter_fp is not None and plan.drafter_placement == "none":
+        effective, allowed = ("auto" if draft == "auto" else "suffix"), False
+        notes.append(f"the drafter model does not fit the {planner.fmt_bytes(ram_budget)} budget: "
+                     f"using the suffix drafter instead")
+    model_params = ModelParams(n_gpu_layers=plan.n_gpu_layers, use_mmap=plan.use_mmap,
+                               use_mlock=plan.use_mlock, repack=plan.repack)
+    context_params = ContextParams(n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
+                                   n_seq_max=max(plan.n_seq_max, n_seq_max), n_threads=plan.threads,
+                                   kv_type=plan.kv_type, flash_attn=True if plan.flash_attn else None)
+    draft_model_params = None
+    if plan.drafter_placement != "none" and drafter_fp is not None:
+        draft_model_params = ModelParams(n_gpu_layers=plan.drafter_n_gpu_layers, use_mmap=plan.drafter_use_mmap)
+    file_backed = plan.weights_mode == "file-backed"
+    for note in notes:
+        log.warning("%s", note)
+    return Placement(plan, model_params, context_params, effective, allowed, draft_model_params,
+                     plan.suffix_cap_tokens, file_backed, max(ram_budget - RELEASE_MARGIN, 1), tuple(notes))

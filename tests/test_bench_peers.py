@@ -1,0 +1,233 @@
+"""Peer adapters of the benchmark harness: the llama-speculative-simple output parser against
+captured real output, the missing-binary error, and short real runs of each peer."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from edgespec.bench import peers
+from edgespec.errors import EdgespecError
+
+DATA = Path(__file__).parent / "data" / "peer_output"
+
+TARGET = "qwen2.5-coder-1.5b"
+DRAFTER = "qwen2.5-coder-0.5b"
+SMALL = "smollm2-135m"
+GEMMA = "gemma3-270m"
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chatml(system: str, user: str) -> str:
+    return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+NATIVE_MISSING = peers.find_peer_binary(peers.SPEC_BINARY) is None
+needs_native = pytest.mark.skipif(
+    NATIVE_MISSING, reason=f"{peers.SPEC_BINARY} not built; run: {peers.BUILD_COMMAND}")
+
+
+# -- parser against captured real output -----------------------------------------------------
+# Captured from llama-speculative-simple built by benchmarks/build_peers.sh (llama.cpp vendored by
+# llama-cpp-python 0.3.36), Qwen2.5-Coder-1.5B target, 2 threads, on a busy 2-core machine:
+# *.txt is stderr, *.stdout.txt stdout, *.prompt.txt the prompt, *.cmd.json the command.
+def _captured(name: str) -> str:
+    return (DATA / f"{name}.txt").read_text(encoding="utf-8")
+
+
+def test_parse_captured_draft_output():
+    r = peers.parse_speculative_simple(_captured("speculative_simple_draft"))
+    assert r.new_tokens == r.gen_tokens == 35  # -n 31: the last step overshoots
+    assert r.gen_s == pytest.approx(16.625)
+    assert r.prefill_s == pytest.approx(15.527)
+    assert (r.drafted, r.accepted) == (30, 27)
+    assert r.raw["decoded_tokens"] == r.raw["n_predict"] == 35
+    assert r.raw["decoded_tok_s"] == pytest.approx(2.105)
+    assert r.raw["encoded_tokens"] == 144
+    assert r.raw["encoded_tok_s"] == pytest.approx(9.274)
+    assert r.raw["n_draft"] == 4
+    assert r.raw["accept_pct"] == pytest.approx(90.0)
+    assert r.raw["load_time_ms"] == pytest.approx(6342.07)
+    assert r.raw["prompt_eval_time_ms"] == pytest.approx(31159.26)
+    assert r.raw["prompt_eval_time_tokens"] == 183
+    assert r.raw["eval_time_runs"] == 1
+    assert r.raw["total_time_ms"] == pytest.approx(43771.38)
+    assert r.tokens_per_s == pytest.approx(35 / 16.625)
+    assert r.acceptance == pytest.approx(0.9)
+    assert r.text is None  # the parser reads stats only; the text comes from stdout
+
+
+def test_parse_captured_ngram_mod_output():
+    r = peers.parse_speculative_simple(_captured("speculative_simple_ngram_mod"))
+    assert r.new_tokens == 156  # -n 127: ngram-mod's last draft is not cut to the budget
+    assert r.gen_s == pytest.approx(59.076)
+    assert r.prefill_s == pytest.approx(11.492)
+    assert (r.drafted, r.accepted) == (104, 68)
+    assert r.raw["n_draft"] == 3  # --spec-draft-n-max's default, printed though unused here
+    assert r.raw["n_predict"] == 156
+    assert r.raw["accept_pct"] == pytest.approx(65.385)
+    assert r.raw["encoded_tokens"] == 144
+    assert r.raw["prompt_eval_time_tokens"] == 252
+    assert r.raw["eval_time_ms"] == pytest.approx(45317.15)
+    assert r.raw["eval_time_runs"] == 85
+    assert r.raw["sampling_time_ms"] == pytest.approx(109.48)
+
+
+def test_parse_tolerates_missing_log_prefix_and_stdout_mixed_in():
+    """Without llama.cpp's "0.58.812.048 I " prefixes, and with stdout appended, same numbers."""
+    err = _captured("speculative_simple_draft")
+    bare = re.sub(r"^\d+\.\d+\.\d+\.\d+ [IWEDc] ", "", err, flags=re.MULTILINE)
+    assert bare != err
+    out = (DATA / "speculative_simple_draft.stdout.txt").read_text(encoding="utf-8")
+    a, b = peers.parse_speculative_simple(err), peers.parse_speculative_simple(bare + "\n" + out)
+    assert (a.new_tokens, a.gen_s, a.prefill_s, a.drafted, a.accepted) == \
+           (b.new_tokens, b.gen_s, b.prefill_s, b.drafted, b.accepted)
+    assert a.raw == b.raw
+
+
+def test_generated_text_of_captured_runs():
+    for name, head, tail in [
+        ("speculative_simple_draft", "```python\nfrom typing import List, Tuple\n\ndef merge_intervals(",
+         "    Merge"),
+        ("speculative_simple_ngram_mod", "```python\ndef merge_intervals(intervals):\n    \"\"\"\n",
+         "    return [tuple(iv) for iv in merged]\n```"),
+    ]:
+        out = (DATA / f"{name}.stdout.txt").read_text(encoding="utf-8")
+        prompt = (DATA / f"{name}.prompt.txt").read_text(encoding="utf-8")
+        assert prompt.endswith("<|im_start|>assistant\n")
+        text = peers.generated_text(out, prompt)
+        assert text is not None and text.startswith(head) and text.endswith(tail), text
+    assert peers.generated_text(out, "a prompt that is not there") is None
+
+
+def test_parse_run_of_captured_outputs():
+    """Whole-run results: the end-of-generation token llama.cpp counts is not counted, the text
+    comes from stdout, and "accept = -nan%" (nothing drafted) parses."""
+    def load(name):
+        return [(DATA / f"{name}{ext}").read_text(encoding="utf-8")
+                for ext in (".txt", ".stdout.txt", ".prompt.txt")]
+
+    err, out, prompt = load("speculative_simple_ngram_mod_eog")  # -n 15, stopped early
+    r = peers.parse_run(err, out, prompt, max_tokens=16)
+    assert r.raw["decoded_tokens"] == 11 and r.new_tokens == 10 and r.gen_tokens == 11
+    assert r.raw["finish_reason"] == "stop" and r.raw["overshoot"] == 0
+    assert (r.drafted, r.accepted) == (0, 0) and math.isnan(r.raw["accept_pct"])
+    assert r.gen_s == pytest.approx(53.825) and r.prefill_s == pytest.approx(5.959)
+    assert r.text == "The quick brown fox jumps over the lazy dog."
+
+    err, out, prompt = load("speculative_simple_draft")  # -n 31
+    r = peers.parse_run(err, out, prompt, max_tokens=32)
+    assert r.new_tokens == 35 and r.raw["finish_reason"] == "length" and r.raw["overshoot"] == 3
+    assert r.text.startswith("```python\nfrom typing import List, Tuple\n")
+
+
+def test_parse_rejects_output_without_stats():
+    with pytest.raises(peers.PeerFailed, match="decoded"):
+        peers.parse_speculative_simple("error: failed to load model 'x.gguf'\n")
+
+
+# -- missing binaries --------------------------------------------------------------------------
+def test_missing_binary_raises_peer_unavailable(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert peers.find_peer_binary(peers.SPEC_BINARY) is None
+    for name in ("peer:llama.cpp-draft", "peer:llama.cpp-ngram-mod"):
+        with pytest.raises(peers.PeerUnavailable) as exc:
+            peers.run(name, "hello", target_path=tmp_path / "m.gguf", draft_path=tmp_path / "d.gguf",
+                      max_tokens=8, threads=1, ctx=256)
+        msg = str(exc.value)
+        assert isinstance(exc.value, EdgespecError)
+        assert "\n" not in msg and peers.BUILD_COMMAND in msg and peers.SPEC_BINARY in msg
+        assert peers.unavailable_reason(name) == msg
+    assert peers.unavailable_reason("peer:llama-cpp-python-pld") is None
+
+
+def test_find_peer_binary_prefers_edgespec_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    b = tmp_path / "peers" / "bin" / peers.SPEC_BINARY
+    b.parent.mkdir(parents=True)
+    b.write_text("#!/bin/sh\n")
+    assert peers.find_peer_binary(peers.SPEC_BINARY) is None  # not executable
+    b.chmod(0o755)
+    assert peers.find_peer_binary(peers.SPEC_BINARY) == b
+
+
+def test_unknown_peer_is_an_invalid_request():
+    with pytest.raises(EdgespecError, match="unknown peer"):
+        peers.run("peer:nope", "x", target_path="m", max_tokens=1, threads=1, ctx=64)
+
+
+def test_command_line_is_greedy_and_file_based(tmp_path):
+    cmd = peers.llama_cpp_command("draft", "bin", "t.gguf", "d.gguf", tmp_path / "p.txt", 16, 2, 4096)
+    s = " ".join(cmd)
+    for part in ("-m t.gguf", f"-f {tmp_path / 'p.txt'}", "-n 15", "-t 2", "-c 4096", "--temp 0",
+                 "--top-k 1", "--spec-type draft-simple", "-md d.gguf", "--spec-draft-n-max 4"):
+        assert part in s
+    cmd = peers.llama_cpp_command("ngram-mod", "bin", "t.gguf", None, "p.txt", 16, 2, 4096)
+    assert "--spec-type ngram-mod" in " ".join(cmd) and "-md" not in cmd
+
+
+def test_template_bos_is_not_doubled(model_path):
+    """Gemma's template writes "<bos>" and its GGUF asks for a BOS: llama.cpp adds its own, so the
+    adapter strips the template's. ChatML models (no add_bos) get the text unchanged."""
+    gemma = str(model_path(GEMMA))
+    sent, shown = peers._prompt_for_llama_cpp(gemma, "<bos><start_of_turn>user\nhi<end_of_turn>\n")
+    assert sent == "<start_of_turn>user\nhi<end_of_turn>\n" and shown.startswith("<bos><start_of_turn>")
+    qwen = str(model_path(TARGET))
+    p = chatml(QWEN_SYSTEM, "hi")
+    assert peers._prompt_for_llama_cpp(qwen, p) == (p, p)
+
+
+# -- real short runs ---------------------------------------------------------------------------
+CODE = ("def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n"
+        "    return total / len(xs)\n")
+
+
+@needs_native
+def test_real_llama_cpp_draft_run(model_path):
+    prompt = chatml(QWEN_SYSTEM, f"Add type hints to this function and return the full code:\n{CODE}")
+    r = peers.run("peer:llama.cpp-draft", prompt, target_path=model_path(TARGET),
+                  draft_path=model_path(DRAFTER), max_tokens=16, threads=2, ctx=1024)
+    # at least the budget (no end-of-generation this early); the last step may overshoot by up
+    # to --spec-draft-n-max tokens
+    assert 16 <= r.new_tokens <= 16 + peers.DRAFT_N_MAX
+    assert r.gen_s > 0 and r.prefill_s and r.prefill_s > 0
+    assert 0 < r.drafted and 0 <= r.accepted <= r.drafted
+    assert r.text and "mean" in r.text
+    assert r.raw["finish_reason"] == "length"
+
+
+@needs_native
+def test_real_llama_cpp_ngram_mod_run(model_path):
+    prompt = chatml(SMOL_SYSTEM, "Repeat this text exactly: the quick brown fox jumps over the lazy dog.")
+    r = peers.run("peer:llama.cpp-ngram-mod", prompt, target_path=model_path(SMALL),
+                  max_tokens=16, threads=2, ctx=1024)
+    assert r.new_tokens > 0 and r.gen_s > 0  # may exceed 16: ngram-mod's last draft is not cut
+    assert r.accepted <= r.drafted
+    assert r.text is not None and "quick brown fox" in r.text.lower()
+
+
+def test_real_llama_cpp_python_pld_run(model_path, small_model):
+    prompt = chatml(SMOL_SYSTEM, "Repeat this text exactly: the quick brown fox jumps over the lazy dog.")
+    try:
+        r = peers.run("peer:llama-cpp-python-pld", prompt, target_path=model_path(SMALL),
+                      max_tokens=16, threads=2, ctx=512)
+        again = peers.run("peer:llama-cpp-python-pld", prompt, target_path=model_path(SMALL),
+                          max_tokens=16, threads=2, ctx=512)
+    finally:
+        peers.close()
+    assert 0 < r.new_tokens <= 16 and r.gen_s > 0 and r.prefill_s > 0
+    assert r.gen_tokens == r.new_tokens - 1
+    assert r.text and "quick brown fox" in r.text.lower()
+    assert r.accepted <= r.drafted
+    # special tokens parsed, no BOS added (SmolLM2 wants none): the tokens edgespec feeds itself
+    assert r.raw["prompt_tokens"] == len(small_model.tokenize(prompt, add_special=True, parse_special=True))
+    assert r.raw["prompt_tokens"] < len(small_model.tokenize(prompt, add_special=True, parse_special=False))
+    # the cached model is reused and the second run starts from scratch: same greedy output
+    assert (again.text, again.new_tokens) == (r.text, r.new_tokens)
