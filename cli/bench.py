@@ -58,6 +58,7 @@ def bench(
     threads: Optional[int] = c.THREADS,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record and the summary here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw speedup per category (needs matplotlib)."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
 ) -> None:
     """Benchmark plain decoding against speculative configurations and peers."""
     if (suite is None) == (prompts is None):
@@ -84,3 +85,11 @@ def bench(
         err.print(f"wrote {json_out}")
     if plot:
         err.print(f"wrote {plot_speedups(summary, plot, title=suite or str(prompts))}")
+    if markdown:
+        import sys
+
+        from edgespec.bench.report import markdown as to_markdown
+
+        command = "edgespec " + " ".join(sys.argv[1:])
+        markdown.write_text(to_markdown(result.to_dict(), suite or str(prompts), command))
+        err.print(f"wrote {markdown}")

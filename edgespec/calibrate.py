@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -30,14 +29,18 @@ def _cache_key(ctx: LlamaContext, tag: str = "") -> str:
 
 
 def _time_batch(ctx: LlamaContext, n: int, seq: int, token: int) -> float:
-    """Median seconds of an n-token batch at positions 0..n-1 of a scratch sequence."""
+    """Seconds of an n-token batch at positions 0..n-1 of a scratch sequence.
+
+    The minimum of a few runs: other load on a shared machine only ever adds time, and the
+    policy needs the cost of the work itself.
+    """
     times = []
     for _ in range(REPEATS):
         t0 = time.perf_counter()
         ctx.decode([token] * n, range(n), [[seq]] * n, [True] * n)
         times.append(time.perf_counter() - t0)
         ctx.seq_rm(seq, -1, -1)
-    return statistics.median(times)
+    return min(times)
 
 
 def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...], tuple[float, ...]]:

@@ -36,7 +36,13 @@ class CostModel:
         return float(ys[-1] + slope * (n - xs[-1]))
 
 
-def best_tree_prefix(path_probs: Sequence[float], cost: CostModel, max_nodes: int) -> tuple[int, float]:
+# A draft must promise this much more than a plain step: the estimates are noisy and every
+# drafted step pays Python-side overhead the calibration does not see.
+MARGIN = 0.1
+
+
+def best_tree_prefix(path_probs: Sequence[float], cost: CostModel, max_nodes: int,
+                     margin: float = MARGIN) -> tuple[int, float]:
     """How many nodes of a best-first draft to verify, and the expected tokens/s of doing so.
 
     Args:
@@ -45,9 +51,10 @@ def best_tree_prefix(path_probs: Sequence[float], cost: CostModel, max_nodes: in
         cost: calibrated step times.
         max_nodes: cap on verified nodes.
     Returns:
-        (m, rate): verify the first m nodes (0 = plain step); rate in tokens per second.
+        (m, rate): verify the first m nodes (0 = plain step); rate in tokens per second. A draft
+        is chosen only when it beats a plain step by ``margin``.
     """
-    best_m, best_rate = 0, 1.0 / cost.verify(1)
+    best_m, best_rate = 0, (1.0 + margin) / cost.verify(1)
     expected = 1.0
     for m, p in enumerate(path_probs[:max_nodes], start=1):
         expected += p
@@ -57,13 +64,14 @@ def best_tree_prefix(path_probs: Sequence[float], cost: CostModel, max_nodes: in
     return best_m, best_rate
 
 
-def best_chain_length(alphas: Sequence[float], cost: CostModel, max_len: int) -> tuple[int, float]:
+def best_chain_length(alphas: Sequence[float], cost: CostModel, max_len: int,
+                      margin: float = MARGIN) -> tuple[int, float]:
     """Model-drafted chain length maximising expected tokens/s (0 = do not draft).
 
     A chain of k tokens costs k drafter passes plus a (1 + k)-token verification and emits
     1 + sum_{j<=k} prod_{d<=j} alpha_d tokens in expectation.
     """
-    best_k, best_rate = 0, 1.0 / cost.verify(1)
+    best_k, best_rate = 0, (1.0 + margin) / cost.verify(1)
     expected, survive = 1.0, 1.0
     for k in range(1, max_len + 1):
         survive *= alphas[min(k, len(alphas)) - 1]

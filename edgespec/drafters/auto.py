@@ -31,7 +31,7 @@ class AutoDrafter:
         self.model = model
         self.cost = cost
         self.probe_every = probe_every
-        self.suffix_calibration = RatioEstimate(prior=0.6)
+        self.suffix_calibration = RatioEstimate(prior=0.5)
         self.model_acceptance = DepthAcceptance(prior=0.6)
         self._offered: DraftTree | None = None  # the suffix draft of the current step
         self._chosen: DraftTree | None = None

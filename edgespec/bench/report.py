@@ -1,0 +1,35 @@
+"""Markdown tables of a benchmark result, for benchmarks/RESULTS.md."""
+from __future__ import annotations
+
+from edgespec.bench.summary import OVERALL, PLAIN, Record, summarize
+
+
+def _cell(c: dict | None) -> str:
+    if c is None:
+        return "-"
+    speed = f"{c['tokens_per_s']:.1f}"
+    ratio = "-" if c.get("speedup") is None else f"{c['speedup']:.2f}x"
+    emitted = "" if c.get("mean_emitted") is None else f" ({c['mean_emitted']:.2f})"
+    return f"{ratio} · {speed}{emitted}"
+
+
+def markdown(result: dict, title: str, command: str) -> str:
+    """One section: the command, the machine, and speedup · tok/s (mean emitted) per category."""
+    records = [Record(**{k: v for k, v in r.items() if k != "tokens_per_s"}) for r in result["records"]]
+    summary = summarize(records)
+    cats = [c for c in summary[PLAIN] if c != OVERALL] + [OVERALL]
+    m = result["machine"]
+    lines = [f"### {title}", "", f"`{command}`", "",
+             f"Machine: {m['cpu']}, {m['physical_cores']} cores, {m['threads']} threads, "
+             f"llama-cpp-python {m['llama_cpp_python']}, edgespec {m['edgespec']} "
+             f"(commit {str(m.get('git_commit'))[:10]}).", "",
+             "Each cell: speedup over plain in the same run · tokens/s (mean emitted tokens per step).", "",
+             "| config | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+    for cfg, cells in summary.items():
+        lines.append(f"| {cfg} | " + " | ".join(_cell(cells.get(c)) for c in cats) + " |")
+    same = [r for r in records if r.same_as_plain is not None]
+    if same:
+        lines += ["", "Greedy output identical to plain decoding: " + ", ".join(
+            f"{cfg} {sum(r.same_as_plain for r in same if r.config == cfg)}/"
+            f"{sum(1 for r in same if r.config == cfg)}" for cfg in dict.fromkeys(r.config for r in same)) + "."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,58 @@
+"""The adaptive policy's pure decisions and estimators."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.policy import (CostModel, DepthAcceptance, RatioEstimate, best_chain_length, best_tree_prefix,
+                             path_probabilities)
+
+# Shaped like this machine's measurements: a 2-token batch costs 1.7x a 1-token one.
+CPU = CostModel((1, 2, 4, 8, 16, 32), (0.038, 0.064, 0.102, 0.234, 0.299, 0.478))
+# A file-backed target: every pass streams the weights, whatever the batch size.
+FLAT = CostModel((1, 2, 4, 8, 16, 32, 64), (0.40, 0.40, 0.41, 0.41, 0.42, 0.43, 0.45))
+
+
+def test_interpolation_and_extrapolation():
+    assert CPU.verify(1) == pytest.approx(0.038)
+    assert CPU.verify(3) == pytest.approx((0.064 + 0.102) / 2)
+    assert CPU.verify(64) > CPU.verify(32)
+
+
+def test_unlikely_drafts_are_not_verified():
+    m, rate = best_tree_prefix([0.3, 0.1, 0.05], CPU, 16)
+    assert m == 0 and rate == pytest.approx(1.1 / 0.038)
+
+
+def test_a_near_certain_long_copy_is_verified():
+    m, _ = best_tree_prefix([0.99 ** k for k in range(1, 17)], CPU, 16)
+    assert m >= 12
+
+
+def test_flat_costs_make_large_trees_pay():
+    probs = [0.5 ** (k // 4 + 1) for k in range(64)]  # a bushy tree of modest paths
+    m_flat, _ = best_tree_prefix(probs, FLAT, 64)
+    m_cpu, _ = best_tree_prefix(probs, CPU, 64)
+    assert m_flat > 16 and m_cpu == 0
+
+
+def test_chain_length_needs_cheap_drafts_and_high_acceptance():
+    cheap = CostModel(CPU.batch_sizes, CPU.verify_s, draft_token_s=0.002)
+    dear = CostModel(CPU.batch_sizes, CPU.verify_s, draft_token_s=0.017)
+    assert best_chain_length([0.95] * 16, cheap, 16)[0] > 2
+    assert best_chain_length([0.6] * 16, dear, 16)[0] == 0
+
+
+def test_estimators():
+    r = RatioEstimate(prior=0.5, weight=2.0)
+    for _ in range(50):
+        r.update(1.0, 1.0)
+    assert r.value > 0.9
+    d = DepthAcceptance(max_depth=4, prior=0.5)
+    for _ in range(30):
+        d.update(drafted=4, accepted=1)  # depth 1 accepted, depth 2 rejected, 3-4 unseen
+    a = d.alphas()
+    assert a[0] > 0.9 and a[1] < 0.1 and a[2] == pytest.approx(0.5)
+
+
+def test_path_probabilities():
+    assert path_probabilities([-1, 0, 0, 1], [0.5, 0.5, 0.2, 0.1]) == pytest.approx([0.5, 0.25, 0.1, 0.025])
