@@ -82,6 +82,11 @@ class AutoDrafter:
     def _model_choice(self, budget: int) -> tuple[int, float]:
         if self.model is None:
             return 0, 0.0
+        # If even a drafter that is always right cannot beat a plain step at these costs
+        # (a CPU whose drafter costs half a target pass), never spend a probe on it: each probe
+        # first syncs the drafter's cache with everything emitted since its last use.
+        if best_chain_length([1.0] * budget, self.cost, budget)[0] == 0:
+            return 0, 0.0
         k, rate = best_chain_length(self.model_acceptance.alphas(), self.cost, budget)
         if k == 0 and self._steps_since_model >= self.probe_every:
             return 2, float("inf")  # re-probe: text changes, and so does the drafter's luck
