@@ -1,20 +1,52 @@
-"""Memory budgets with the real models: both drafters, drafter dropped, file-backed, refused."""
+"""Memory budgets with the real models: both drafters, drafter dropped, file-backed, refused.
+
+Each scenario runs in a fresh interpreter: resident memory is a property of the process, and
+a test process that already loaded other models keeps some of that memory mapped.
+"""
 from __future__ import annotations
 
-import pytest
+import json
+import subprocess
+import sys
+import textwrap
+
 
 from conftest import DRAFTER, TARGET
 from edgespec import planner
-from edgespec.engine import Engine, EngineConfig
-from edgespec.errors import BudgetExceeded
-from edgespec.generate import GenerationRequest
 from edgespec.gguf import read_gguf
-from edgespec.memwatch import PeakRSS
-from edgespec.sampling import SamplingParams
 
-GREEDY = GenerationRequest(max_tokens=24, sampling=SamplingParams(temperature=0), ignore_eos=True)
-CODE = [{"role": "user", "content": "Repeat exactly: def add(a, b):\n    return a + b\n\n"
-                                     "def sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n"}]
+SCENARIO = textwrap.dedent('''
+    import json, sys
+    from edgespec.engine import Engine, EngineConfig
+    from edgespec.errors import BudgetExceeded
+    from edgespec.generate import GenerationRequest
+    from edgespec.memwatch import PeakRSS
+    from edgespec.sampling import SamplingParams
+    budget, draft, n_ctx = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    msgs = [{"role": "user", "content": "Repeat exactly: def add(a, b):\\n    return a + b\\n\\n"
+             "def sub(a, b):\\n    return a - b\\n\\ndef mul(a, b):\\n    return a * b\\n"}]
+    req = GenerationRequest(max_tokens=24, sampling=SamplingParams(temperature=0), ignore_eos=True)
+    try:
+        engine = Engine(EngineConfig(model=%r, n_ctx=n_ctx, draft=draft, ram_budget=budget))
+    except BudgetExceeded as exc:
+        print(json.dumps({"refused": str(exc)}))
+        sys.exit(0)
+    with engine:
+        with PeakRSS(interval_s=0.005) as rss:
+            done = engine.generate_chat(msgs, req)
+        p = engine.placement
+        print(json.dumps({"peak": rss.peak, "tokens": done.stats.generated_tokens, "draft": p.draft,
+                          "drafter": engine.drafter.name, "has_model": getattr(engine.drafter, "model", None)
+                          is not None, "notes": list(p.notes), "file_backed": p.file_backed,
+                          "releases": engine.releaser.releases if engine.releaser else 0}))
+''' % TARGET)
+
+
+def run_scenario(budget: int, draft: str, n_ctx: int = 2048) -> dict:
+    out = subprocess.run([sys.executable, "-c", SCENARIO, str(budget), draft, str(n_ctx)],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _smallest(model_path, with_drafter: bool) -> int:
@@ -27,37 +59,30 @@ def _smallest(model_path, with_drafter: bool) -> int:
 
 def test_budget_fitting_target_and_drafter_uses_both(model_path):
     budget = int(_smallest(model_path, True) * 1.15)
-    with Engine(EngineConfig(model=TARGET, n_ctx=2048, draft="hybrid", ram_budget=budget)) as e:
-        assert e.placement.draft == "hybrid" and e.drafter.model is not None
-        with PeakRSS() as rss:
-            done = e.generate_chat(CODE, GREEDY)
-        assert done.stats.generated_tokens == 24
-    assert rss.peak < budget
+    r = run_scenario(budget, "hybrid")
+    assert r["draft"] == "hybrid" and r["has_model"]
+    assert r["tokens"] == 24
+    assert r["peak"] < budget, r
 
 
 def test_budget_between_target_and_both_drops_the_model_drafter(model_path):
     alone, both = _smallest(model_path, False), _smallest(model_path, True)
     assert alone < both
     budget = int(alone * 1.1) if alone * 1.1 < both else (alone + both) // 2
-    with Engine(EngineConfig(model=TARGET, n_ctx=2048, draft="hybrid", ram_budget=budget)) as e:
-        assert e.placement.draft == "suffix" and e.drafter.name == "suffix"
-        assert any("does not fit" in n for n in e.placement.notes)
-        with PeakRSS() as rss:
-            e.generate_chat(CODE, GREEDY)
-    assert rss.peak < budget
+    r = run_scenario(budget, "hybrid")
+    assert r["draft"] == "suffix" and r["drafter"] == "suffix"
+    assert any("does not fit" in n for n in r["notes"])
+    assert r["peak"] < budget, r
 
 
 def test_budget_below_the_weights_runs_file_backed_under_budget(model_path):
     budget = 600 << 20  # the 1.5B target's weights are 1.06 GiB
-    with Engine(EngineConfig(model=TARGET, n_ctx=1024, draft="suffix", ram_budget=budget)) as e:
-        assert e.placement.file_backed
-        with PeakRSS(interval_s=0.005) as rss:
-            done = e.generate_chat(CODE, GREEDY)
-        assert done.stats.generated_tokens == 24
-        assert e.releaser.releases > 1  # pages really were dropped during the passes
-    assert rss.peak < budget, (rss.peak, budget)
+    r = run_scenario(budget, "suffix", n_ctx=1024)
+    assert r["file_backed"] and r["tokens"] == 24
+    assert r["releases"] > 1  # pages really were dropped during the passes
+    assert r["peak"] < budget, r
 
 
 def test_budget_below_the_minimum_is_refused_before_loading(model_path):
-    with pytest.raises(BudgetExceeded, match="smallest|at least"):
-        Engine(EngineConfig(model=TARGET, n_ctx=2048, draft="suffix", ram_budget=100 << 20))
+    r = run_scenario(100 << 20, "suffix")
+    assert "refused" in r and ("smallest" in r["refused"] or "at least" in r["refused"])
