@@ -11,6 +11,7 @@ from edgespec.engine import DEFAULT_MODEL, Engine, EngineConfig
 from edgespec.errors import InvalidRequest
 from edgespec.events import GenerationStats
 from edgespec.sampling import SamplingParams
+from edgespec.units import format_bytes
 
 # Typer options reused by several verbs; defaults follow llama.cpp's sampler defaults.
 MODEL = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name from the store or path to a .gguf file.")
@@ -74,13 +75,7 @@ def read_prompt(prompt: str | None) -> str:
     return prompt
 
 
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} B"
+human_bytes = format_bytes  # one byte formatter for the whole project
 
 
 def stats_line(stats: GenerationStats) -> str:

@@ -57,6 +57,7 @@ from itertools import product
 
 from edgespec import gguf as gguf_mod
 from edgespec.errors import BudgetExceeded, InvalidRequest
+from edgespec.units import format_bytes
 
 MiB = 1 << 20
 
@@ -79,13 +80,7 @@ BUDGET_MARGIN_FRACTION = 0.05
 BUDGET_MARGIN_MIN = 256 * MiB
 
 
-def fmt_bytes(n: float) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
+fmt_bytes = format_bytes  # the planner's explanations use the one byte formatter
 
 
 def parse_budget(text: str | int) -> int:

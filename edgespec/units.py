@@ -41,11 +41,11 @@ def parse_bytes(text: str | int) -> int:
     return int(n)
 
 
-def format_bytes(n: int) -> str:
+def format_bytes(n: float) -> str:
     """A short binary rendering: 1536 -> '1.50 KiB'."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+            return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     return f"{n} B"  # pragma: no cover
