@@ -29,7 +29,7 @@ SYSTEM = typer.Option(None, "--system", help="System message.")
 STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
 DRAFT = typer.Option("auto", "--draft", "-d",
                      help="none | suffix | model | hybrid | auto, or a drafter model name/path.")
-DRAFT_MAX = typer.Option(16, "--draft-max", min=1, max=64, help="Most drafted tokens per step.")
+DRAFT_MAX = typer.Option(32, "--draft-max", min=1, max=64, help="Most drafted tokens per step.")
 DRAFT_TREE = typer.Option(False, "--draft-tree", help="Model drafter: best-first tree (greedy) instead of a chain.")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
 RAM_BUDGET = typer.Option(None, "--ram-budget",
@@ -46,7 +46,7 @@ def parse_budget(value: str | None) -> int | None:
 
 
 def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,
-                        draft: str = "auto", draft_max: int = 16, draft_tree: bool = False,
+                        draft: str = "auto", draft_max: int = 32, draft_tree: bool = False,
                         draft_model: str | None = None, ram_budget: str | None = None) -> Engine:
     """Loads the target and its drafter (errors are typed and become one-line CLI messages)."""
     return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,

@@ -815,7 +815,7 @@ def _describe(cfg: _Cfg, has_drafter: bool) -> str:
 
 def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram_budget: int | None = None,
               vram_budget: int | None = None, n_ctx: int | None = None, *, machine_info: MachineInfo | None = None,
-              suffix: bool = True, draft_max: int = 16, draft_tree: bool = False, mlock: bool = False,
+              suffix: bool = True, draft_max: int = 32, draft_tree: bool = False, mlock: bool = False,
               kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
               repack: bool | None = None, threads: int | None = None) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.

@@ -118,3 +118,64 @@ def path_probabilities(parents: Sequence[int], node_probs: Sequence[float]) -> l
     for i, p in enumerate(parents):
         out.append(node_probs[i] * (out[p] if p >= 0 else 1.0))
     return out
+
+
+class TreeDepthCalibration:
+    """Maps a suffix tree's scores to acceptance probabilities, one factor per depth.
+
+    A node's conditional score (its score over its parent's: the index's frequency of that
+    continuation) is multiplied by the factor of its depth, learned as observed hits over
+    predicted ones. Depth matters: the index's frequencies are sharper near a long match than
+    deep into the draft, where a copy drifts from its source. A depth without data inherits the
+    factor of the depth above it (a hierarchical prior), so deep drafts are neither ruled out
+    before they were ever tried nor trusted more than shallow ones.
+    """
+
+    def __init__(self, max_depth: int = 64, prior: float = 0.5, weight: float = 3.0, decay: float = 0.98):
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.num = [0.0] * max_depth
+        self.den = [0.0] * max_depth
+
+    def factors(self) -> list[float]:
+        out, above = [], self.prior
+        for num, den in zip(self.num, self.den):
+            above = (num + self.weight * above) / (den + self.weight)
+            out.append(above)
+        return out
+
+    def path_probs(self, parents: Sequence[int], scores: Sequence[float]) -> list[float]:
+        """Estimated probability that the target accepts the path to each node."""
+        factors = self.factors()
+        probs: list[float] = []
+        depths: list[int] = []
+        for i, p in enumerate(parents):
+            depth = 0 if p < 0 else depths[p] + 1
+            depths.append(depth)
+            base = 1.0 if p < 0 else scores[p]
+            cond = scores[i] / base if base > 0 else 0.0
+            f = factors[min(depth, len(factors) - 1)]
+            probs.append(min(1.0, max(0.0, cond * f)) * (1.0 if p < 0 else probs[p]))
+        return probs
+
+    def update(self, tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float],
+               truth: Sequence[int]) -> None:
+        """Learns from a tree whose first ``len(truth)`` correct tokens are now known.
+
+        Walks the tree along ``truth``: at each depth the children of the node reached predict
+        (sum of their conditional scores) and hit when one of them is the true token.
+        """
+        node = -1
+        for depth, true_token in enumerate(truth):
+            if depth >= len(self.num):
+                break
+            base = 1.0 if node < 0 else scores[node]
+            kids = [i for i in range(len(parents)) if parents[i] == node]
+            if not kids or base <= 0:
+                break
+            predicted = min(1.0, sum(scores[i] for i in kids) / base)
+            hit = next((i for i in kids if int(tokens[i]) == int(true_token)), None)
+            self.num[depth] = self.num[depth] * self.decay + (1.0 if hit is not None else 0.0)
+            self.den[depth] = self.den[depth] * self.decay + predicted
+            if hit is None:
+                break
+            node = hit

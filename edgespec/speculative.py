@@ -80,7 +80,7 @@ class _PathRows:
 class SpeculativeGenerator:
     """Runs speculative decoding over a plain Generator's context (sharing its prefix reuse)."""
 
-    def __init__(self, generator: Generator, drafter: Drafter, draft_max: int = 16):
+    def __init__(self, generator: Generator, drafter: Drafter, draft_max: int = 32):
         if generator.ctx.n_batch < draft_max + 1:
             raise ValueError("draft_max + 1 must fit in one batch")
         self.gen = generator

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.policy import (CostModel, DepthAcceptance, RatioEstimate, best_chain_length, best_tree_prefix,
-                             path_probabilities)
+from edgespec.policy import (CostModel, DepthAcceptance, RatioEstimate, TreeDepthCalibration, best_chain_length,
+                             best_tree_prefix, path_probabilities)
 
 # Shaped like this machine's measurements: a 2-token batch costs 1.7x a 1-token one.
 CPU = CostModel((1, 2, 4, 8, 16, 32), (0.038, 0.064, 0.102, 0.234, 0.299, 0.478))
@@ -56,3 +56,30 @@ def test_estimators():
 
 def test_path_probabilities():
     assert path_probabilities([-1, 0, 0, 1], [0.5, 0.5, 0.2, 0.1]) == pytest.approx([0.5, 0.25, 0.1, 0.025])
+
+
+def test_tree_calibration_learns_per_depth_and_inherits_upward():
+    # A chain of 4 certain-looking nodes (score 1) whose first two tokens are always right and
+    # whose third is always wrong: depth 1-2 factors rise, depth 3 falls, depth 4 is unseen.
+    cal = TreeDepthCalibration(max_depth=8, prior=0.5)
+    tokens, parents, scores = [10, 11, 12, 13], [-1, 0, 1, 2], [1.0, 1.0, 1.0, 1.0]
+    for _ in range(40):
+        cal.update(tokens, parents, scores, truth=[10, 11, 99, 13])
+    f = cal.factors()
+    assert f[0] > 0.9 and f[1] > 0.9 and f[2] < 0.15
+    assert f[3] == pytest.approx(f[2])  # no data below depth 3: inherits its factor
+    probs = cal.path_probs(parents, scores)
+    assert probs[0] > 0.9 and probs[1] > 0.8 and probs[2] < 0.15 and probs[3] <= probs[2]
+
+
+def test_tree_calibration_uses_conditional_scores_and_sibling_sets():
+    cal = TreeDepthCalibration(max_depth=4, prior=1.0)
+    # Two roots with frequencies 0.75 / 0.25, one child under the first.
+    parents, scores = [-1, -1, 0], [0.75, 0.25, 0.75]
+    assert cal.path_probs(parents, scores) == pytest.approx([0.75, 0.25, 0.75])
+    # A miss at depth 1 by both siblings is one miss against a prediction of 1.0.
+    cal.update([1, 2, 3], parents, scores, truth=[7])
+    assert cal.num[0] == 0.0 and cal.den[0] == pytest.approx(1.0)
+    # A hit on the second sibling, then the walk stops: it has no children.
+    cal.update([1, 2, 3], parents, scores, truth=[2, 5])
+    assert cal.num[0] == pytest.approx(1.0) and cal.den[1] == 0.0

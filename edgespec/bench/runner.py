@@ -37,7 +37,7 @@ class BenchSettings:
     seed: int = 0
     n_ctx: int = 4096
     threads: int | None = None
-    draft_max: int = 16
+    draft_max: int = 32
     repeats: int = 1
     ram_budget: int | None = None
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 
 from edgespec.draft import DraftTree
-from edgespec.policy import CostModel, DepthAcceptance, RatioEstimate, best_chain_length, best_tree_prefix
+from edgespec.policy import CostModel, DepthAcceptance, TreeDepthCalibration, best_chain_length, best_tree_prefix
 from edgespec.verify import _prefix
 
 NAME = "auto"
@@ -31,7 +30,7 @@ class AutoDrafter:
         self.model = model
         self.cost = cost
         self.probe_every = probe_every
-        self.suffix_calibration = RatioEstimate(prior=0.5)
+        self.suffix_calibration = TreeDepthCalibration(max_depth=64, prior=0.5)
         self.model_acceptance = DepthAcceptance(prior=0.6)
         self._offered: DraftTree | None = None  # the suffix draft of the current step
         self._chosen: DraftTree | None = None
@@ -77,7 +76,7 @@ class AutoDrafter:
         scores = offered.meta.get("scores")
         if scores is None or len(offered) == 0:
             return []
-        return list(np.clip(np.asarray(scores) * self.suffix_calibration.value, 0.0, 1.0))
+        return self.suffix_calibration.path_probs(offered.parents.tolist(), scores.tolist())
 
     def _model_choice(self, budget: int) -> tuple[int, float]:
         if self.model is None:
@@ -103,14 +102,12 @@ class AutoDrafter:
         if chosen is not None and chosen.source == "model":
             accepted = len(emitted) - 1
             self.model_acceptance.update(len(chosen), accepted)
-        if offered is not None and len(offered) and len(emitted):
-            # Would the offered suffix draft have got its first token right? Known for free.
-            roots = [i for i in range(len(offered)) if offered.parents[i] < 0]
-            predicted = float(sum(self._suffix_path_probs(offered)[i] for i in roots))
-            hit = any(int(offered.tokens[i]) == int(emitted[0]) for i in roots)
-            scores = offered.meta.get("scores")
-            raw = float(sum(scores[i] for i in roots)) if scores is not None else predicted
-            self.suffix_calibration.update(1.0 if hit else 0.0, raw)
+        scores = offered.meta.get("scores") if offered is not None else None
+        if scores is not None and len(offered) and len(emitted):
+            # The emitted tokens are the target's own continuation, whichever draft was
+            # verified: they grade the offered suffix tree as deep as they reach, for free.
+            self.suffix_calibration.update(offered.tokens.tolist(), offered.parents.tolist(),
+                                           scores.tolist(), list(emitted))
         self._offered = self._chosen = None
         self.suffix.observe(emitted)
         if self.model is not None:

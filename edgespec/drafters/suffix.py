@@ -7,6 +7,12 @@ context seen before; the tree grows with the match length (``alpha`` tokens per 
 token, at most ``max_spec``) and keeps only nodes whose estimated probability (product of
 continuation frequencies along the path) is at least ``min_prob``. Drafts are deterministic,
 so they carry no draft distribution.
+
+The index only knows continuations within ``max_depth`` tokens of a match's start, so a
+match of length L leaves room for ``max_depth - L`` drafted tokens. Matching the longest
+possible suffix would starve exactly the copy-heavy text that pays most (a verbatim copy
+matches 31 of 32 tokens and could draft one), so the match is capped at ``max_match``
+tokens, leaving ``max_depth - max_match`` (>= ``max_spec``) of room.
 """
 from __future__ import annotations
 
@@ -25,13 +31,20 @@ class SuffixDrafter:
 
     name = NAME
 
-    def __init__(self, max_depth: int = 32, max_history_tokens: int = 1 << 18, max_spec: int = 32,
-                 alpha: float = 1.0, min_prob: float = 0.1, index=None) -> None:
-        """``index``: an existing index to share (e.g. across drafter instances), else a new one."""
+    def __init__(self, max_depth: int = 64, max_history_tokens: int = 1 << 18, max_spec: int = 32,
+                 alpha: float = 1.0, min_prob: float = 0.1, max_match: int | None = None,
+                 index=None) -> None:
+        """``index``: an existing index to share (e.g. across drafter instances), else a new one.
+
+        ``max_match``: longest suffix matched (default ``max_depth - max_spec``, at least 1).
+        """
         self.index = index if index is not None else SuffixIndex(
             max_depth=max_depth, max_history_tokens=max_history_tokens, max_spec=max_spec,
             alpha=alpha, min_prob=min_prob)
-        self._tail = self.index.max_depth - 1
+        depth, spec = self.index.max_depth, self.index.max_spec
+        if max_match is None:
+            max_match = max(1, depth - spec)
+        self._tail = max(1, min(max_match, depth - 1))
 
     def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
         self.index.add_document(prompt)
