@@ -53,6 +53,8 @@ def bench(
     seed: int = typer.Option(0, "--seed", "-s"),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Repeat the whole run and report the spread."),
     draft_max: int = c.DRAFT_MAX,
+    share_prefill: bool = typer.Option(False, "--share-prefill",
+                                       help="Evaluate each prompt once for all edgespec configs."),
     ram_budget: Optional[str] = c.RAM_BUDGET,
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
@@ -66,7 +68,8 @@ def bench(
     items = select(load_suite(suite) if suite else load_prompts(prompts), limit)
     settings = BenchSettings(model=model, draft_model=draft_model, max_tokens=max_tokens,
                              temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
-                             draft_max=draft_max, repeats=repeat, ram_budget=c.parse_budget(ram_budget))
+                             draft_max=draft_max, repeats=repeat, ram_budget=c.parse_budget(ram_budget),
+                             share_prefill=share_prefill)
     err = Console(stderr=True, highlight=False)
 
     def progress(n: int, total: int, pid: str, config: str) -> None:

@@ -109,6 +109,21 @@ def test_short_real_run_json_schema(tmp_path, model_path):
     assert "speedup" in proc.stdout or "tokens/s" in proc.stdout
 
 
+def test_shared_prefill_evaluates_each_prompt_once(model_path):
+    from edgespec.bench.runner import BenchSettings, run_bench
+
+    model_path("smollm2-135m")
+    prompts = select(load_suite("specbench"), 1)[:2]
+    settings = BenchSettings(model="smollm2-135m", max_tokens=8, share_prefill=True)
+    result = run_bench(prompts, ["plain", "suffix", "none"], settings)
+    by = {(r.id, r.config): r for r in result.records}
+    for p in prompts:
+        plain = by[(p.id, "plain")].reused_prompt_tokens  # a new prompt: at most the template's head
+        for cfg in ("suffix", "none"):
+            assert by[(p.id, cfg)].reused_prompt_tokens > plain + 10
+            assert by[(p.id, cfg)].text == by[(p.id, "plain")].text
+
+
 def test_bench_needs_exactly_one_source():
     proc = subprocess.run([EDGESPEC, "bench"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "exactly one of --suite or --prompts" in proc.stderr

@@ -35,6 +35,7 @@ class Record:
     # Tokens produced inside the gen_s window: edgespec's window starts after the first token
     # (which comes out of the prefill), llama.cpp's "decoded" window includes it.
     gen_tokens: int | None = None
+    reused_prompt_tokens: int = 0  # prompt tokens found in the KV cache (bench --share-prefill)
 
     @property
     def tokens_per_s(self) -> float:
