@@ -1,0 +1,44 @@
+"""Calibration of speculation costs: measured on the real context, cached per configuration."""
+from __future__ import annotations
+
+import json
+
+from edgespec import calibrate
+from edgespec.backend import ContextParams, LlamaContext
+
+
+def _ctx(model, flash_attn):
+    return LlamaContext(model, ContextParams(n_ctx=1024, n_seq_max=4, n_batch=64, flash_attn=flash_attn))
+
+
+def test_measures_every_size_and_leaves_the_context_clean(small_model, tmp_path):
+    ctx = _ctx(small_model, False)
+    try:
+        ctx.decode([1, 2, 3], range(3), [[0]] * 3, [False, False, True])  # a live sequence 0
+        cm = calibrate.cost_model(ctx, None, tmp_path)
+        assert cm.batch_sizes == tuple(n for n in calibrate.BATCH_SIZES if n <= 64)
+        assert all(t > 0 for t in cm.verify_s) and cm.draft_token_s == 0.0
+        # Batches are timed after CONTEXT_TOKENS of a scratch sequence, which is emptied after.
+        assert ctx.seq_pos_max(ctx.n_seq_max - 1) == -1
+        assert ctx.seq_pos_max(0) == 2
+        assert cm.verify(64) > cm.verify(1)
+    finally:
+        ctx.close()
+
+
+def test_cache_is_reused_and_keyed_by_attention_kernel(small_model, tmp_path):
+    off, on = _ctx(small_model, False), _ctx(small_model, True)
+    try:
+        first = calibrate.cost_model(off, None, tmp_path)
+        files = list((tmp_path / "calibration").glob("*.json"))
+        assert len(files) == 1 and "nofa" in files[0].name and calibrate.VERSION in files[0].name
+        # A doctored cache entry is what comes back: the second call measures nothing.
+        data = json.loads(files[0].read_text())
+        data["verify_s"] = [1.0] * len(data["verify_s"])
+        files[0].write_text(json.dumps(data))
+        assert calibrate.cost_model(off, None, tmp_path).verify_s == (1.0,) * len(first.verify_s)
+        calibrate.cost_model(on, None, tmp_path)  # another kernel: measured and cached apart
+        assert len(list((tmp_path / "calibration").glob("*.json"))) == 2
+    finally:
+        off.close()
+        on.close()
