@@ -27,6 +27,11 @@ class OutputStream:
     def done(self) -> bool:
         return bool(self.finish_reason)
 
+    @property
+    def remaining(self) -> int:
+        """Tokens the answer may still take before ``max_tokens`` ends it."""
+        return max(self._max_tokens - len(self.tokens), 0)
+
     def push(self, token: int, from_draft: bool = False) -> TokenEvent | None:
         """Adds one sampled token; returns the event to yield (None for an EOG token)."""
         if self.done:

@@ -117,8 +117,10 @@ class SpeculativeGenerator:
                 if room < 0:
                     out.end("length")
                     break
-                emitted, path_len = self._step(history, pending, min(self.draft_max, room),
-                                               params, rng, counters)
+                # A step emits accepted drafts + one bonus token: drafting past max_tokens
+                # would only make the last verification dearer.
+                budget = min(self.draft_max, room, out.remaining - 1)
+                emitted, path_len = self._step(history, pending, budget, params, rng, counters)
                 self.drafter.observe(emitted)
                 for k, token in enumerate(emitted):
                     history.append(token)

@@ -83,3 +83,10 @@ def test_tree_calibration_uses_conditional_scores_and_sibling_sets():
     # A hit on the second sibling, then the walk stops: it has no children.
     cal.update([1, 2, 3], parents, scores, truth=[2, 5])
     assert cal.num[0] == pytest.approx(1.0) and cal.den[1] == 0.0
+
+
+def test_match_length_classes():
+    from edgespec.drafters.auto import MATCH_CLASSES, match_class
+
+    assert [match_class(n) for n in (0, 1, 3, 4, 11, 12, 31)] == [1, 1, 1, 4, 4, 12, 12]
+    assert match_class(0) in MATCH_CLASSES

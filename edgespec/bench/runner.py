@@ -11,6 +11,7 @@ not let a drafter remember the answer from an earlier run of the same prompt.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -175,14 +176,36 @@ def _run_one(engine, runners, p: BenchPrompt, config: str, repeat: int, settings
             return None
         return _peer_record(p, config, repeat, r)
     tokens = _prompt_tokens(engine, p)
+    shared_s = 0.0
     if not settings.share_prefill:
-        engine.reset()  # else prefix reuse keeps the prompt (and trims the last answer)
+        engine.reset()
+    else:
+        shared_s = _share_prefill(engine.generator, tokens)
     request = GenerationRequest(max_tokens=settings.max_tokens,
                                 sampling=SamplingParams(temperature=settings.temperature, seed=settings.seed))
     done = None
     for ev in runners.runner(config).stream(tokens, request):
         done = ev
-    return _record(p, config, repeat, done)
+    rec = _record(p, config, repeat, done)
+    rec.prefill_s += shared_s
+    return rec
+
+
+def _share_prefill(generator, tokens: list[int]) -> float:
+    """Puts all but the last prompt token in the cache, once per prompt; returns its seconds.
+
+    Every configuration then evaluates the last prompt token alone (prefix reuse always
+    re-evaluates it), so all of them, plain included, start from the same cache and the same
+    first logits: llama.cpp's numerics depend on the batch a row is computed in, and a last
+    token computed inside the prompt batch for one configuration and alone for another would
+    flip near-ties at the very first token.
+    """
+    head = tokens[:-1]
+    if len(head) < 1 or generator.cached[:len(head)] == head:
+        return 0.0
+    t0 = time.perf_counter()
+    generator.prefill(head)
+    return time.perf_counter() - t0
 
 
 def _render(engine: Engine, p: BenchPrompt) -> str:

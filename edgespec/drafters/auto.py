@@ -20,6 +20,12 @@ from edgespec.policy import CostModel, DepthAcceptance, TreeDepthCalibration, be
 from edgespec.verify import _prefix
 
 NAME = "auto"
+MATCH_CLASSES = (1, 4, 12)  # lower bounds of the match-length classes
+
+
+def match_class(match_len: int) -> int:
+    """The class of a suffix match: the largest lower bound not above its length."""
+    return max((c for c in MATCH_CLASSES if c <= match_len), default=MATCH_CLASSES[0])
 
 
 class AutoDrafter:
@@ -30,7 +36,9 @@ class AutoDrafter:
         self.model = model
         self.cost = cost
         self.probe_every = probe_every
-        self.suffix_calibration = TreeDepthCalibration(max_depth=64, prior=0.5)
+        # One calibration per match-length class: a continuation seen after a 1-token match is
+        # a guess, after a 20-token match it is usually a copy, whatever the index's counts say.
+        self.suffix_calibration = {c: TreeDepthCalibration(max_depth=64, prior=0.5) for c in MATCH_CLASSES}
         self.model_acceptance = DepthAcceptance(prior=0.6)
         self._offered: DraftTree | None = None  # the suffix draft of the current step
         self._chosen: DraftTree | None = None
@@ -76,7 +84,8 @@ class AutoDrafter:
         scores = offered.meta.get("scores")
         if scores is None or len(offered) == 0:
             return []
-        return self.suffix_calibration.path_probs(offered.parents.tolist(), scores.tolist())
+        cal = self.suffix_calibration[match_class(offered.meta.get("match_len", 0))]
+        return cal.path_probs(offered.parents.tolist(), scores.tolist())
 
     def _model_choice(self, budget: int) -> tuple[int, float]:
         if self.model is None:
@@ -106,8 +115,8 @@ class AutoDrafter:
         if scores is not None and len(offered) and len(emitted):
             # The emitted tokens are the target's own continuation, whichever draft was
             # verified: they grade the offered suffix tree as deep as they reach, for free.
-            self.suffix_calibration.update(offered.tokens.tolist(), offered.parents.tolist(),
-                                           scores.tolist(), list(emitted))
+            cal = self.suffix_calibration[match_class(offered.meta.get("match_len", 0))]
+            cal.update(offered.tokens.tolist(), offered.parents.tolist(), scores.tolist(), list(emitted))
         self._offered = self._chosen = None
         self.suffix.observe(emitted)
         if self.model is not None:
