@@ -67,7 +67,8 @@ def placement(target_path: str, store: ModelStore, ram_budget: int, n_ctx: int, 
     plan = planner.make_plan(target_fp, drafter_fp, ram_budget=ram_budget, n_ctx=n_ctx, suffix=uses_suffix,
                              draft_max=draft_max, draft_tree=draft_tree, threads=threads)
     notes = []
-    effective, allowed = draft, True
+    # The drafter model may be loaded only where the plan counted it.
+    effective, allowed = draft, drafter_fp is not None and plan.drafter_placement != "none"
     if drafter_fp is not None and plan.drafter_placement == "none":
         effective, allowed = ("auto" if draft == "auto" else "suffix"), False
         notes.append(f"the drafter model does not fit the {planner.fmt_bytes(ram_budget)} budget: "

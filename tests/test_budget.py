@@ -86,3 +86,18 @@ def test_budget_below_the_weights_runs_file_backed_under_budget(model_path):
 def test_budget_below_the_minimum_is_refused_before_loading(model_path):
     r = run_scenario(100 << 20, "suffix")
     assert "refused" in r and ("smallest" in r["refused"] or "at least" in r["refused"])
+
+
+def test_drafter_model_is_allowed_only_where_the_plan_counted_it(model_path, store):
+    from edgespec.budget import placement
+
+    target = str(model_path(TARGET))
+    model_path(DRAFTER)
+    common = dict(n_ctx=2048, draft_model=None, draft_max=32, draft_tree=False, threads=None, n_seq_max=33)
+    roomy = 64 << 30
+    assert placement(target, store, roomy, draft="auto", **common).model_drafter_allowed
+    # Planned for the suffix drafter alone: an `auto` built on this placement (the bench's
+    # case) must not load the drafter model on top of the budget.
+    assert not placement(target, store, roomy, draft="suffix", **common).model_drafter_allowed
+    tight = placement(target, store, 600 << 20, draft="auto", **common)
+    assert tight.file_backed and not tight.model_drafter_allowed and tight.draft == "auto"

@@ -78,6 +78,12 @@ class _Runners:
         self.settings = settings
         self._model_drafter = None
 
+    @property
+    def model_allowed(self) -> bool:
+        """False when a RAM budget's plan had no room for the drafter model."""
+        p = self.engine.placement
+        return p is None or p.model_drafter_allowed
+
     def model_drafter(self, tree: bool):
         if self._model_drafter is None:
             self._model_drafter = make_drafter(self._draft_config("model"), self.engine.model, self.engine.store)
@@ -134,7 +140,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     # drafter model do so on top of it (auto only when the plan leaves room for one).
     engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                                  n_seq_max=settings.draft_max + 1, ram_budget=settings.ram_budget,
-                                 draft="suffix" if settings.ram_budget is not None else None))
+                                 draft=_planned_draft(configs) if settings.ram_budget is not None else None))
     runners = _Runners(engine, settings)
     result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs))
     by_id = {p.id: p for p in prompts}
@@ -159,6 +165,11 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     return result
 
 
+def _planned_draft(configs: list[str]) -> str:
+    """What a budget is planned for: the drafter model too when a configuration uses one."""
+    return "auto" if any(c in ("model", "model-tree", "hybrid", "auto") for c in configs) else "suffix"
+
+
 def _prompt_tokens(engine: Engine, p: BenchPrompt) -> list[int]:
     if p.templated:
         return engine.chat_tokens([{"role": "user", "content": p.text}])
@@ -175,6 +186,9 @@ def _run_one(engine, runners, p: BenchPrompt, config: str, repeat: int, settings
             log.warning("%s skipped: %s", config, exc)
             return None
         return _peer_record(p, config, repeat, r)
+    if config in ("model", "model-tree", "hybrid") and not runners.model_allowed:
+        log.warning("%s skipped: the drafter model does not fit the RAM budget", config)
+        return None
     tokens = _prompt_tokens(engine, p)
     shared_s = 0.0
     if not settings.share_prefill:
