@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces every table in benchmarks/RESULTS.md (about 1 hour 40 minutes on a 2-core machine).
+# Reproduces every table in benchmarks/RESULTS.md (about 2 hours on a 2-core machine).
 # Needs the native peers first: bash benchmarks/build_peers.sh. Run on a quiet machine:
 # speedups are same-run ratios, but other load still adds noise.
 set -euo pipefail
@@ -17,6 +17,9 @@ run specbench-limit5 --suite specbench --limit 5 --max-tokens 128 \
 # Code-edit, 3 requests per category (12): the slow draft-model configurations and PLD.
 run code-edit-limit3 --suite code-edit --limit 3 --max-tokens 256 \
     --configs plain,model,peer:llama-cpp-python-pld
+# The same 12 requests: hybrid and llama.cpp's own draft-model speculation.
+run code-edit-limit3b --suite code-edit --limit 3 --max-tokens 256 \
+    --configs plain,hybrid,peer:llama.cpp-draft
 # The 1.1 GB target file-backed under a 600 MiB budget, plain vs auto under the same budget.
 run filebacked-code-edit --suite code-edit --limit 1 --max-tokens 64 --ram-budget 600MiB \
     --configs plain,auto
