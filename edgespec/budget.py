@@ -70,7 +70,7 @@ def placement(target_path: str, store: ModelStore, ram_budget: int, n_ctx: int, 
     # The drafter model may be loaded only where the plan counted it.
     effective, allowed = draft, drafter_fp is not None and plan.drafter_placement != "none"
     if drafter_fp is not None and plan.drafter_placement == "none":
-        effective, allowed = ("auto" if draft == "auto" else "suffix"), False
+        effective = "auto" if draft == "auto" else "suffix"
         notes.append(f"the drafter model does not fit the {planner.fmt_bytes(ram_budget)} budget: "
                      f"using the suffix drafter instead")
     model_params = ModelParams(n_gpu_layers=plan.n_gpu_layers, use_mmap=plan.use_mmap,

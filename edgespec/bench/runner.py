@@ -5,8 +5,9 @@ its drafter), and the KV cache is cleared before every run so each one pays the 
 prefill, unless ``share_prefill``: then the prompt is evaluated once and the edgespec
 configurations after the first reuse its KV cache (their records show the reused tokens and
 a near-zero prefill). Generation is timed apart from the prefill either way, so speedups do
-not change; long-prompt suites finish much sooner. Suffix drafters start fresh for every prompt: a benchmark that repeats prompts must
-not let a drafter remember the answer from an earlier run of the same prompt.
+not change; long-prompt suites finish much sooner. Suffix drafters start fresh for every
+prompt: a benchmark that repeats prompts must not let a drafter remember the answer from an
+earlier run of the same prompt.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from edgespec.speculative import SpeculativeGenerator
 log = logging.getLogger(__name__)
 
 EDGESPEC_CONFIGS = ("none", "suffix", "model", "model-tree", "hybrid", "auto")
+MODEL_CONFIGS = ("model", "model-tree", "hybrid")  # always draft with the drafter model
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class _Runners:
         if config == PLAIN:
             return self.engine.generator
         kind = "model" if config == "model-tree" else config
-        wants_model = kind in ("model", "hybrid") or (kind == "auto" and self._draft_config(kind).allow_model)
+        wants_model = config in MODEL_CONFIGS or (kind == "auto" and self._draft_config(kind).allow_model)
         shared = self.model_drafter(tree=config == "model-tree") if wants_model else None
         drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
                                target_ctx=self.engine.ctx, shared_model=shared)
@@ -167,7 +169,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
 
 def _planned_draft(configs: list[str]) -> str:
     """What a budget is planned for: the drafter model too when a configuration uses one."""
-    return "auto" if any(c in ("model", "model-tree", "hybrid", "auto") for c in configs) else "suffix"
+    return "auto" if any(c in MODEL_CONFIGS or c == "auto" for c in configs) else "suffix"
 
 
 def _prompt_tokens(engine: Engine, p: BenchPrompt) -> list[int]:
@@ -186,7 +188,7 @@ def _run_one(engine, runners, p: BenchPrompt, config: str, repeat: int, settings
             log.warning("%s skipped: %s", config, exc)
             return None
         return _peer_record(p, config, repeat, r)
-    if config in ("model", "model-tree", "hybrid") and not runners.model_allowed:
+    if config in MODEL_CONFIGS and not runners.model_allowed:
         log.warning("%s skipped: the drafter model does not fit the RAM budget", config)
         return None
     tokens = _prompt_tokens(engine, p)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-
 from edgespec.draft import DraftTree
 from edgespec.policy import CostModel, DepthAcceptance, TreeDepthCalibration, best_chain_length, best_tree_prefix
 from edgespec.verify import _prefix
@@ -84,8 +83,10 @@ class AutoDrafter:
         scores = offered.meta.get("scores")
         if scores is None or len(offered) == 0:
             return []
-        cal = self.suffix_calibration[match_class(offered.meta.get("match_len", 0))]
-        return cal.path_probs(offered.parents.tolist(), scores.tolist())
+        return self._calibration(offered).path_probs(offered.parents.tolist(), scores.tolist())
+
+    def _calibration(self, offered: DraftTree):
+        return self.suffix_calibration[match_class(offered.meta.get("match_len", 0))]
 
     def _model_choice(self, budget: int) -> tuple[int, float]:
         if self.model is None:
@@ -115,8 +116,8 @@ class AutoDrafter:
         if scores is not None and len(offered) and len(emitted):
             # The emitted tokens are the target's own continuation, whichever draft was
             # verified: they grade the offered suffix tree as deep as they reach, for free.
-            cal = self.suffix_calibration[match_class(offered.meta.get("match_len", 0))]
-            cal.update(offered.tokens.tolist(), offered.parents.tolist(), scores.tolist(), list(emitted))
+            self._calibration(offered).update(offered.tokens.tolist(), offered.parents.tolist(),
+                                              scores.tolist(), list(emitted))
         self._offered = self._chosen = None
         self.suffix.observe(emitted)
         if self.model is not None:
