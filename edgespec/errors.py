@@ -43,9 +43,17 @@ class IncompatibleModels(EdgespecError):
     """A drafter's vocabulary does not match its target's."""
 
 
+class CloneError(EdgespecError):
+    """A shape clone cannot be made: inconsistent shape options, or tensors it cannot rescale."""
+
+
 class BackendError(EdgespecError):
     """llama.cpp refused an operation (load, decode, cache edit)."""
 
 
 class QueueFull(EdgespecError):
     """An engine's request queue already holds as many waiting requests as it may."""
+
+
+class UnsupportedModel(EdgespecError):
+    """A model's architecture or weight format is outside what an operation supports."""
