@@ -458,3 +458,21 @@ def test_a_failure_inside_the_model_drafter_leaves_its_cache_clean(tree):
         again = decoder.generate(prompt, req)
         assert list(again.token_ids) == TARGET.greedy(prompt, 60)
         assert again.stats.spec.accepted > 0
+
+
+def test_auto_forgets_a_step_that_never_finished():
+    """A request that failed between propose and observe must not teach the next one: its
+    draft was never verified, so it says nothing about acceptance."""
+    auto = AutoDrafter(SuffixDrafter(), CHEAP, model=model_drafter())
+    loop = [BOS] + [11, 12, 13, 14, 15, 16] * 5
+    prompt = loop + TARGET.greedy(loop, 4)  # ends where the drafter continues confidently
+    first = TARGET.greedy(prompt, 1)[0]
+    auto.begin(prompt)
+    auto.observe([first])
+    draft = auto.propose(prompt + [first], 8)
+    assert draft.source == "model" and len(draft) > 0  # the step drafted with the model
+    before = auto.model_acceptance.alphas()
+    auto.end()  # the step raised before observe (see the failure tests above)
+    auto.begin(random_prompt(np.random.default_rng(10), 30))
+    auto.observe([9])  # the next request's first token, as SpeculativeStep.begin reports it
+    assert auto.model_acceptance.alphas() == before
