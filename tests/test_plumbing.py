@@ -476,3 +476,16 @@ def test_auto_forgets_a_step_that_never_finished():
     auto.begin(random_prompt(np.random.default_rng(10), 30))
     auto.observe([9])  # the next request's first token, as SpeculativeStep.begin reports it
     assert auto.model_acceptance.alphas() == before
+
+
+def test_the_target_drafting_for_itself_is_always_accepted():
+    """Drafts by the target model itself are its own greedy choices: every one is accepted,
+    which an off-by-one between draft nodes and verification rows would break."""
+    drafter = ModelDrafter(TARGET, ctx=FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=MAX_TREE_NODES + 1))
+    decoder = Decoder(TARGET, KVSequence(FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=9)), SpeculativeStep(drafter, 8))
+    rng = np.random.default_rng(11)
+    for _ in range(5):
+        prompt = random_prompt(rng, 40)
+        done = decoder.generate(prompt, request(100, ignore_eos=True))
+        assert list(done.token_ids) == TARGET.greedy(prompt, 100)
+        assert done.stats.spec.drafted > 0 and done.stats.spec.accepted == done.stats.spec.drafted
