@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EDGESPEC := $(BIN)/edgespec
-# The multimodal library of llama-cpp-python is not used: skip building it.
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+# The multimodal library of llama-cpp-python is not used: skip building it. AMX is off: on the
+# development VMs the CPU reports AMX tiles but the first AMX kernel dies with SIGILL (the
+# hypervisor does not enable the tile state), so every decode crashed with a native build.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)"
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b

@@ -17,8 +17,8 @@ import typer
 from edgespec.cli import app
 from edgespec.cli import common as c
 from edgespec.engine import Engine
-from edgespec.events import DoneEvent, GenerationStats, TokenEvent
-from edgespec.generate import GenerationRequest
+from edgespec.decode.events import DoneEvent, GenerationStats, TokenEvent
+from edgespec.decode.request import GenerationRequest
 
 HELP = """commands: /reset (forget the conversation)  /stats (last answer and session totals)
           /help  /exit (or Ctrl-D). Ctrl-C stops an answer. End a line with \\ to continue it,
@@ -71,7 +71,7 @@ class ChatSession:
         rate = self.total_tokens / self.total_gen_s if self.total_gen_s > 0 else 0.0
         return (f"last: {c.stats_line(self.last)}\n"
                 f"session: {self.turns} turns, {self.total_tokens} tokens generated, {rate:.1f} tok/s, "
-                f"{len(self.engine.generator.cached)} tokens in the KV cache")
+                f"{len(self.engine.seq)} tokens in the KV cache")
 
 
 def read_message(prompt: str = ">>> ") -> str | None:

@@ -9,8 +9,8 @@ import typer
 
 from edgespec.engine import DEFAULT_MODEL, Engine, EngineConfig
 from edgespec.errors import InvalidRequest
-from edgespec.events import GenerationStats
-from edgespec.sampling import SamplingParams
+from edgespec.decode.events import GenerationStats
+from edgespec.decode.sampling import SamplingParams
 from edgespec.units import format_bytes
 
 # Typer options reused by several verbs; defaults follow llama.cpp's sampler defaults.
@@ -89,12 +89,12 @@ def stats_line(stats: GenerationStats) -> str:
         f"peak RSS {human_bytes(stats.peak_rss_bytes)}",
         f"finish {stats.finish_reason}",
     ]
-    spec = stats.extra
-    if spec.get("steps"):
-        split = ", ".join(f"{name} {d['accepted']}/{d['drafted']}" for name, d in spec["by_drafter"].items())
-        parts.append(f"draft {spec['mode']}: {spec['steps']} steps, {spec['accepted']}/{spec['drafted']} "
-                     f"accepted ({100 * spec['acceptance_rate']:.0f}%), {spec['mean_emitted']:.2f} tok/step"
-                     + (f" [{split}]" if len(spec["by_drafter"]) > 1 else ""))
+    spec = stats.spec
+    if spec is not None and spec.steps:
+        split = ", ".join(f"{name} {d.accepted}/{d.drafted}" for name, d in spec.by_drafter.items())
+        parts.append(f"draft {spec.mode}: {spec.steps} steps, {spec.accepted}/{spec.drafted} "
+                     f"accepted ({100 * spec.acceptance_rate:.0f}%), {spec.mean_emitted:.2f} tok/step"
+                     + (f" [{split}]" if len(spec.by_drafter) > 1 else ""))
     return " | ".join(parts)
 
 

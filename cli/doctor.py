@@ -8,11 +8,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from edgespec import __version__, backend
+from edgespec import __version__
+from edgespec.llama import backend
 from edgespec.cli import app
 from edgespec.cli.common import human_bytes, print_json
-from edgespec.store import ModelStore
-from edgespec.tokens import HAVE_NATIVE
+from edgespec.files.store import ModelStore
+from edgespec.decode.tokens import HAVE_NATIVE
 
 
 def _cpu_model() -> str:

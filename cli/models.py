@@ -17,7 +17,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
 from rich.table import Table
 
 from edgespec.cli import app
-from edgespec.store import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
+from edgespec.files.store import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
                             PHASE_VERIFY, PHASE_WAITING, ModelStore, PullEvent)
 
 models_app = typer.Typer(
@@ -138,7 +138,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Show what a GGUF model is: architecture, size, quantization, tokenizer."""
-    from edgespec.gguf import model_info  # only this verb needs the GGUF reader
+    from edgespec.files.gguf import model_info  # only this verb needs the GGUF reader
 
     path = _store().resolve(model)
     data = dict(model_info(path).to_dict())
@@ -184,3 +184,46 @@ def remove(
     """Delete a model's file from the store."""
     path = _store().remove(name)
     _out.print(f"removed {name}: {path}")
+
+
+@models_app.command("clone")
+def clone(
+    src: str = typer.Argument(..., help="A model name, a GGUF file or a header-only file."),
+    out: str = typer.Option(..., "--out", help="Path of the clone to write."),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Blocks (default: SRC's)."),
+    hidden: Optional[int] = typer.Option(None, "--hidden", help="Embedding width."),
+    ffn: Optional[int] = typer.Option(None, "--ffn", help="Feed-forward width."),
+    heads: Optional[int] = typer.Option(None, "--heads", help="Attention heads."),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="Key/value heads."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
+    header_only: bool = typer.Option(False, "--header-only",
+                                     help="Write only the header (a few MB) to clone from elsewhere."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Write a shape clone: SRC's metadata, tokenizer, tensor names, shapes and types, random weights."""
+    from dataclasses import asdict
+
+    from edgespec.files.clone import CloneShape, write_clone  # only this verb writes clones
+
+    result = write_clone(_store().resolve(src), out, CloneShape(layers, hidden, ffn, heads, kv_heads),
+                         seed=seed, header_only=header_only)
+    if as_json:
+        _print_json(asdict(result))
+        return
+    kind = "header of a clone" if header_only else "clone"
+    _out.print(f"wrote {kind} {result.path}: {result.tensors} tensors, "
+               f"{_human_bytes(result.file_size)}, shape {result.shape}")
+
+
+@models_app.command("convert-onnx")
+def convert_onnx(
+    model: str = typer.Argument(..., help="A model name or a path to a GGUF file."),
+    bits: str = typer.Option("exact", "--bits",
+                             help="exact: every GGUF block as it is; 4: 8-bit blocks requantized to 4 bits."),
+    force: bool = typer.Option(False, "--force", help="Convert again even if a current conversion exists."),
+) -> None:
+    """Convert a GGUF drafter to an ONNX graph for onnxruntime, next to it in the store."""
+    from edgespec.onnx.convert import convert  # only this verb needs the onnx package
+
+    path = convert(_store(), model, bits=bits, force=force)
+    _out.print(f"onnx drafter of {model} ({bits}): {path}")

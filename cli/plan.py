@@ -5,46 +5,37 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from edgespec import planner
+from edgespec.memory import planner
 from edgespec.cli import app
 from edgespec.cli.common import MODEL, print_json
 from edgespec.errors import InvalidRequest, ModelNotFound
-from edgespec.store import ModelStore
-
-_DRAFT_KINDS = ("none", "suffix", "model", "hybrid", "auto")
-
+from edgespec.files.store import ModelStore
+from dataclasses import replace
 
 def _drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFootprint, target_gguf,
                  store: ModelStore) -> tuple[planner.ModelFootprint | None, bool, list[str]]:
     """(drafter footprint or None, whether the suffix drafter runs, notes) for a --draft value."""
-    from edgespec import gguf
-    from edgespec.drafters import DEFAULT_DRAFT_MODELS
-    from edgespec.vocab import check_compatible
+    from edgespec.drafters import DEFAULT_DRAFT_MODELS, KINDS, drafter_model_path, kind_of
+    from edgespec.files.modelfile import model_file
+    from edgespec.files.vocab import check_compatible
 
+    declared = kind_of(kind)
     notes: list[str] = []
-    if kind == "none":
-        return None, False, notes
-    if kind == "suffix":
-        return None, True, notes
-    suffix = kind in ("auto", "hybrid")
-    name = draft_model if kind in _DRAFT_KINDS else kind
-    if name is None:
-        name = DEFAULT_DRAFT_MODELS.get(target_fp.tokenizer_fingerprint)
-        if name is None:
-            if kind == "auto":
-                notes.append(f"no default drafter model for {target_fp.name}: suffix drafter only")
-                return None, True, notes
-            raise InvalidRequest(f"no default drafter model for {target_fp.name}; pass --draft-model NAME|PATH")
     try:
-        path = store.resolve(name)
-    except ModelNotFound:
-        if kind == "auto" and draft_model is None:
-            notes.append(f"default drafter {name} is not pulled (edgespec models pull {name}): suffix drafter only")
-            return None, True, notes
-        raise
-    g = gguf.read_gguf(path)
-    check_compatible(target_gguf, g)
-    return planner.estimate_model(g, name=name), suffix, notes
+        path = drafter_model_path(kind, draft_model, target_fp.tokenizer_fingerprint, store)
+    except (InvalidRequest, ModelNotFound) as exc:
+        if declared.model != "optional" or draft_model is not None or kind not in KINDS:
+            raise
+        notes.append(f"no drafter model ({exc}): suffix drafter only")
+        path = None
+    if path is None:
+        if declared.model == "optional" and draft_model is None:
+            notes.append("no default drafter model is pulled for this target: suffix drafter only")
+        return None, declared.suffix, notes
+    mf = model_file(path)
+    check_compatible(target_gguf, mf.gguf)
+    label = draft_model or (kind if kind not in KINDS else DEFAULT_DRAFT_MODELS.get(target_fp.tokenizer_fingerprint, path.stem))
+    return replace(mf.footprint, name=label), declared.suffix, notes
 
 
 @app.command()
@@ -67,17 +58,17 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
     """Plan memory placement (GPU layers, drafter, KV cache, context, mmap, threads) without loading."""
-    from edgespec import gguf
+    from edgespec.files.modelfile import model_file
 
     ram = planner.parse_budget(ram_budget) if ram_budget is not None else None
     vram = planner.parse_budget(vram_budget) if vram_budget is not None else None
-    if kv_type is not None and kv_type not in planner.KV_TYPES:
-        raise InvalidRequest(f"--kv-type must be one of {', '.join(planner.KV_TYPES)}, got {kv_type!r}")
+    if kv_type is not None and kv_type not in planner.KV_CACHE_TYPES:
+        raise InvalidRequest(f"--kv-type must be one of {', '.join(planner.KV_CACHE_TYPES)}, got {kv_type!r}")
     store = ModelStore()
     path = store.resolve(model)
-    g = gguf.read_gguf(path)
-    target = planner.estimate_model(g, name=model)
-    drafter, suffix, notes = _drafter_for(draft, draft_model, target, g, store)
+    mf = model_file(path)
+    target = replace(mf.footprint, name=model)
+    drafter, suffix, notes = _drafter_for(draft, draft_model, target, mf.gguf, store)
     p = planner.make_plan(target, drafter, ram, vram, ctx, suffix=suffix, draft_max=draft_max,
                           draft_tree=draft_tree, mlock=mlock, kv_type=kv_type, threads=threads)
     p.warnings[:0] = notes

@@ -10,8 +10,8 @@ import typer
 
 from edgespec.cli import app
 from edgespec.cli import common as c
-from edgespec.events import DoneEvent, TokenEvent
-from edgespec.generate import GenerationRequest
+from edgespec.decode.events import DoneEvent, TokenEvent
+from edgespec.decode.request import GenerationRequest
 
 
 @app.command()

@@ -51,13 +51,13 @@ def serve(
 ) -> None:
     """Serve MODEL over HTTP: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics."""
     try:
-        from edgespec import server as srv
+        from edgespec.server import app as srv
     except ImportError as exc:
         raise click_exc.ClickException(
             f"the server needs the [server] extra ({exc.name} is missing): "
             "pip install 'edgespec[server]'") from None
     from edgespec.engine import Engine, EngineConfig
-    from edgespec.store import ModelStore
+    from edgespec.files.store import ModelStore
     from edgespec.units import format_bytes
 
     store = ModelStore()

@@ -4,7 +4,7 @@ The one object the CLI, the server and embedding apps hold: it resolves a model 
 through the store, validates and loads it once, and turns prompts or chat messages into streams
 of typed events.
 
-Thread safety: any thread may call ``generate`` / ``stream`` / ``chat`` (and the older
+Thread safety: any thread may call ``generate`` / ``stream`` / ``chat`` (and
 ``stream_tokens`` / ``stream_chat``). Requests go through a FIFO ``RequestQueue``: one
 generation runs at a time, the others wait their turn in arrival order (at most
 ``EngineConfig.max_queue`` of them; one more raises ``QueueFull``). A request is cancelled
@@ -15,20 +15,20 @@ a DoneEvent whose finish_reason is "cancelled". ``cancel_all()`` does that for e
 from __future__ import annotations
 
 import logging
-import numbers
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from edgespec.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
-from edgespec.chat_template import ChatTemplate, Message
+from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
+from edgespec.decode.chat_template import ChatTemplate, Message
 from edgespec.errors import InvalidRequest, QueueFull
-from edgespec.events import DoneEvent, GenerationStats, TokenEvent
-from edgespec.generate import GenerationRequest, Generator
-from edgespec.sampling import SamplingParams
-from edgespec.store import ModelStore
+from edgespec.decode.events import DoneEvent, GenerationStats, TokenEvent
+from edgespec.decode.loop import Decoder
+from edgespec.decode.request import GenerationRequest, make_request
+from edgespec.decode.sequence import KVSequence
+from edgespec.files.store import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,26 @@ class EngineConfig:
     # Requests that may wait behind the running one (None: no limit); one more raises QueueFull.
     max_queue: int | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int) or not 1 <= self.draft_max <= 64:
+            raise InvalidRequest(f"draft_max must be in [1, 64], got {self.draft_max}")
+        if isinstance(self.n_ctx, bool) or not isinstance(self.n_ctx, int) or self.n_ctx < 16:
+            raise InvalidRequest(f"n_ctx must be an integer >= 16, got {self.n_ctx!r}")
+        if self.n_threads is not None and (not isinstance(self.n_threads, int) or self.n_threads < 1):
+            raise InvalidRequest(f"n_threads must be a positive integer, got {self.n_threads!r}")
+        if self.n_gpu_layers < -1:
+            raise InvalidRequest(f"n_gpu_layers must be >= -1, got {self.n_gpu_layers}")
+        if self.ram_budget is not None and self.ram_budget <= 0:
+            raise InvalidRequest(f"ram_budget must be positive, got {self.ram_budget}")
+        if self.max_queue is not None and (isinstance(self.max_queue, bool)
+                                           or not isinstance(self.max_queue, int) or self.max_queue < 0):
+            raise InvalidRequest(f"max_queue must be a non-negative integer, got {self.max_queue!r}")
+
+    @property
+    def n_seq(self) -> int:
+        """Sequences of the target context: one per root-to-leaf path of a draft, plus the main."""
+        return self.n_seq_max or 1 + (self.draft_max if self.draft is not None else 0)
+
 
 class Engine:
     """A target model ready to generate. Use as a context manager or call ``close()``."""
@@ -70,16 +90,13 @@ class Engine:
     def __init__(self, config: EngineConfig = EngineConfig(), store: ModelStore | None = None):
         self.config = config
         self.store = store or ModelStore()
-        if not 1 <= config.draft_max <= 64:
-            raise InvalidRequest(f"draft_max must be in [1, 64], got {config.draft_max}")
         path = self.store.resolve(config.model)
-        # One sequence per root-to-leaf path of a draft tree, plus the main sequence.
-        n_seq = config.n_seq_max or 1 + (config.draft_max if config.draft is not None else 0)
+        n_seq = config.n_seq
         self.placement = None
         self.releaser = None
         if config.ram_budget is not None:
             # Plan before loading anything: an impossible budget is refused here, cheaply.
-            from edgespec.budget import placement
+            from edgespec.memory.budget import placement
 
             self.placement = placement(str(path), self.store, config.ram_budget, config.n_ctx, config.draft,
                                        config.draft_model, config.draft_max, config.draft_tree,
@@ -92,27 +109,26 @@ class Engine:
                                        flash_attn=_flash_attn(config))
         self.model = LlamaModel(path, model_params)
         if self.placement is not None and self.placement.file_backed:
-            from edgespec.filebacked import WeightReleaser
+            from edgespec.memory.filebacked import WeightReleaser
 
             self.releaser = WeightReleaser(str(path), self.placement.release_limit)
         if ctx_params.n_ctx > self.model.n_ctx_train:
             raise InvalidRequest(f"context {ctx_params.n_ctx} exceeds the model's trained context "
                                  f"{self.model.n_ctx_train}")
         self.ctx = LlamaContext(self.model, ctx_params)
-        self.generator = Generator(self.model, self.ctx)
+        self.seq = KVSequence(self.ctx)
         self.drafter = None
-        self.speculative = None
+        self.decoder = Decoder(self.model, self.seq)
         if config.draft is not None:
             self._init_speculation(config)
         self.template = ChatTemplate(self.model.chat_template, self._special_text(self.model.bos),
                                      self._special_text(self.model.eos))
-        self._lock = threading.Lock()  # kept for code that reads it; admission is self.queue
         self.queue = RequestQueue(config.max_queue)
         self._closed = False
 
     def _init_speculation(self, config: EngineConfig) -> None:
         from edgespec.drafters import DraftConfig, make_drafter
-        from edgespec.speculative import SpeculativeGenerator
+        from edgespec.spec.step import SpeculativeStep
 
         p = self.placement
         draft_cfg = DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=config.draft_tree,
@@ -122,7 +138,7 @@ class Engine:
                                 model_params=p.draft_model_params, suffix_history_tokens=p.suffix_cap_tokens,
                                 calibration_tag="-filebacked" if p.file_backed else "")
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
-        self.speculative = SpeculativeGenerator(self.generator, self.drafter, config.draft_max)
+        self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, config.draft_max))
 
     def _special_text(self, token: int) -> str:
         return self.model.token_text(token) if 0 <= token < self.model.n_vocab else ""
@@ -177,8 +193,7 @@ class Engine:
                 released = True
                 yield DoneEvent("", (), stats)
                 return
-            runner = self.speculative or self.generator
-            inner = runner.stream(prompt, request, _AnyEvent(cancel, ticket.cancel))
+            inner = self.decoder.stream(prompt, request, _AnyEvent(cancel, ticket.cancel))
             try:
                 for ev in inner:
                     if isinstance(ev, DoneEvent):
@@ -223,11 +238,6 @@ class Engine:
         """The assistant's whole answer to ``messages`` (final event: text, ids, stats)."""
         return _last(self.stream_chat(messages, request, cancel, **options))
 
-    def generate_chat(self, messages: Sequence[Message | dict],
-                      request: GenerationRequest = GenerationRequest(),
-                      cancel: threading.Event | None = None) -> DoneEvent:
-        return self.chat(messages, request, cancel)
-
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidRequest("the engine is closed")
@@ -250,12 +260,12 @@ class Engine:
     def reset(self) -> None:
         """Forgets the KV cache; waits for a running request of another thread to finish."""
         if self.queue.held_by_current_thread():
-            self.generator.reset()
+            self.seq.clear()
             return
         ticket = self.queue.enter(force=True)
         try:
             if self.queue.wait(ticket):  # False: the engine is closing
-                self.generator.reset()
+                self.seq.clear()
         finally:
             self.queue.leave(ticket)
 
@@ -302,55 +312,6 @@ def _flash_attn(config: EngineConfig) -> bool | None:
     return None if config.n_gpu_layers else False
 
 
-def make_request(request: GenerationRequest | None = None, **options) -> GenerationRequest:
-    """A GenerationRequest from keyword options (or ``request`` itself when there are none).
-
-    Options: max_tokens, stop (a string or strings), ignore_eos, and the SamplingParams fields
-    temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed. The defaults are
-    those of GenerationRequest / SamplingParams (greedy, 512 tokens).
-
-    Raises:
-        InvalidRequest: an unknown option, a value of the wrong type or out of range, or both
-            ``request`` and options.
-    """
-    if request is not None:
-        if options:
-            raise InvalidRequest("pass either a GenerationRequest or keyword options, not both")
-        if not isinstance(request, GenerationRequest):
-            raise InvalidRequest(f"request must be a GenerationRequest, got {type(request).__name__}")
-        return request
-    unknown = sorted(set(options) - _REQUEST_OPTIONS - _SAMPLING_OPTIONS)
-    if unknown:
-        raise InvalidRequest(f"unknown option(s) {', '.join(unknown)}; known: "
-                             f"{', '.join(sorted(_REQUEST_OPTIONS | _SAMPLING_OPTIONS))}")
-    sampling = {k: v for k, v in options.items() if k in _SAMPLING_OPTIONS}
-    for key, value in sampling.items():
-        if value is None and key == "seed":
-            continue
-        integral = key in ("top_k", "repeat_last_n", "seed")
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral if integral else numbers.Real):
-            raise InvalidRequest(f"{key} must be {'an integer' if integral else 'a number'}, got {value!r}")
-        sampling[key] = int(value) if integral else float(value)
-    stop = options.get("stop", ())
-    if isinstance(stop, str):
-        stop = (stop,)
-    elif stop is None:
-        stop = ()
-    elif not isinstance(stop, (list, tuple)):
-        raise InvalidRequest(f"stop must be a string or a list of strings, got {stop!r}")
-    max_tokens = options.get("max_tokens", GenerationRequest.max_tokens)
-    if isinstance(max_tokens, bool):
-        raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    return GenerationRequest(max_tokens=max_tokens, stop=tuple(stop),
-                             sampling=SamplingParams(**sampling),
-                             ignore_eos=bool(options.get("ignore_eos", False)))
-
-
-_REQUEST_OPTIONS = frozenset({"max_tokens", "stop", "ignore_eos"})
-_SAMPLING_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                               "repeat_last_n", "seed"})
-
-
 def _last(events: Iterator[TokenEvent | DoneEvent]) -> DoneEvent:
     done = None
     for ev in events:
@@ -391,9 +352,6 @@ class RequestQueue:
     POLL_S = 0.05  # how often a waiting request looks at its caller's cancel event
 
     def __init__(self, max_waiting: int | None = None):
-        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
-                                        or max_waiting < 0):
-            raise InvalidRequest(f"max_queue must be a non-negative integer, got {max_waiting!r}")
         self.max_waiting = max_waiting
         self._cond = threading.Condition()
         self._waiting: deque[_Ticket] = deque()

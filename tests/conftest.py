@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 
-from edgespec.backend import ContextParams, LlamaContext, LlamaModel
-from edgespec.store import ModelStore
+from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
+from edgespec.files.store import ENV_HOME, ModelStore
 
 TARGET = "qwen2.5-coder-1.5b"
 DRAFTER = "qwen2.5-coder-0.5b"
@@ -14,19 +17,67 @@ SMALL = "smollm2-135m"
 GEMMA = "gemma3-270m"
 
 
+# Build caches and reports kept in the user's store between sessions: the F32 copy of SmolLM2
+# costs a minute to build. Nothing else of the user's store is written by the tests.
+_SHARED_DIRS = ("test-cache", "test-reports")
+_USER_STORE: list[ModelStore] = []  # the user's store, as found before the session's override
+
+
+@pytest.fixture(scope="session", autouse=True)
+def edgespec_home(tmp_path_factory) -> Path:
+    """A temporary store home, $EDGESPEC_HOME for the whole session, holding the user's models.
+
+    Built-in models pulled into the user's store ($EDGESPEC_HOME or ~/.cache/edgespec; `make
+    test` pulls them) are hard-linked in (symlinked across file systems) with copies of their
+    verification stamps, so calibration and anything else a test writes lands here, and `auto`
+    calibrates afresh each session instead of trusting an earlier run's numbers.
+    """
+    _USER_STORE[:] = [ModelStore()]
+    user = _USER_STORE[0]
+    home = tmp_path_factory.mktemp("edgespec-home")
+    for name in user.manifests():
+        if user.is_present(name):
+            _link_model(user, name, home)
+    for name in _SHARED_DIRS:
+        (user.home / name).mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(user.home / name, target_is_directory=True)
+    saved = os.environ.get(ENV_HOME)
+    os.environ[ENV_HOME] = str(home)
+    yield home
+    if saved is None:
+        os.environ.pop(ENV_HOME, None)
+    else:
+        os.environ[ENV_HOME] = saved
+
+
 @pytest.fixture(scope="session")
-def store() -> ModelStore:
-    """The user's store ($EDGESPEC_HOME or ~/.cache/edgespec): `make test` pulls into it."""
-    return ModelStore()
+def store(edgespec_home) -> ModelStore:
+    """The session's store (see edgespec_home)."""
+    return ModelStore(edgespec_home)
+
+
+def _link_model(user: ModelStore, name: str, home: Path) -> None:
+    src = user.path_for(name)
+    dst = home / "models" / src.name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        dst.symlink_to(src)
+    stamp = src.with_name(src.name + ".sha256")
+    if stamp.exists():
+        shutil.copyfile(stamp, dst.with_name(dst.name + ".sha256"))
 
 
 @pytest.fixture(scope="session")
 def model_path(store):
-    """Factory: path of a named model, pulled if missing (idempotent, offline once pulled)."""
+    """Factory: path of a named model, pulled into the user's store if missing, then linked."""
     def get(name: str):
         if not store.is_present(name):
+            user = _USER_STORE[0]
             logging.getLogger(__name__).warning("pulling %s for the tests", name)
-            store.pull(name)
+            user.pull(name)
+            _link_model(user, name, store.home)
         return store.resolve(name)
     return get
 

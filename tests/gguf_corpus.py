@@ -3,7 +3,7 @@
 Nothing here is checked in as binary: :func:`build_corpus` writes the files into a directory
 (a pytest tmp_path) from code, so each hostile case says exactly how it was made.
 
-The writer is deliberately independent of ``edgespec.gguf`` (it shares no code with the reader
+The writer is deliberately independent of ``edgespec.files.gguf`` (it shares no code with the reader
 it tests) and deliberately permissive: tensors carry their data bytes and their declared
 shape separately, counts and offsets can be overridden, keys may be raw bytes, so that every
 kind of inconsistency can be expressed.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.backend import ContextParams, LlamaContext
+from edgespec.llama.backend import ContextParams, LlamaContext
 from edgespec.errors import InvalidRequest
 
 TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"

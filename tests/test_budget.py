@@ -12,16 +12,16 @@ import textwrap
 
 
 from conftest import DRAFTER, TARGET
-from edgespec import planner
-from edgespec.gguf import read_gguf
+from edgespec.memory import planner
+from edgespec.files.gguf import read_gguf
 
 SCENARIO = textwrap.dedent('''
     import json, sys
     from edgespec.engine import Engine, EngineConfig
     from edgespec.errors import BudgetExceeded
-    from edgespec.generate import GenerationRequest
-    from edgespec.memwatch import PeakRSS
-    from edgespec.sampling import SamplingParams
+    from edgespec.decode.request import GenerationRequest
+    from edgespec.memory.rss import PeakRSS
+    from edgespec.decode.sampling import SamplingParams
     budget, draft, n_ctx = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     msgs = [{"role": "user", "content": "Repeat exactly: def add(a, b):\\n    return a + b\\n\\n"
              "def sub(a, b):\\n    return a - b\\n\\ndef mul(a, b):\\n    return a * b\\n"}]
@@ -89,7 +89,7 @@ def test_budget_below_the_minimum_is_refused_before_loading(model_path):
 
 
 def test_drafter_model_is_allowed_only_where_the_plan_counted_it(model_path, store):
-    from edgespec.budget import placement
+    from edgespec.memory.budget import placement
 
     target = str(model_path(TARGET))
     model_path(DRAFTER)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from edgespec import calibrate
-from edgespec.backend import ContextParams, LlamaContext
+from edgespec.drafters.auto import calibrate
+from edgespec.llama.backend import ContextParams, LlamaContext
 
 
 def _ctx(model, flash_attn):

@@ -162,9 +162,9 @@ def test_code_matches_the_installed_package_file(records):
 
 @pytest.fixture(scope="module")
 def qwen():
-    from edgespec.backend import LlamaModel
+    from edgespec.llama.backend import LlamaModel
     from edgespec.errors import ModelNotFound
-    from edgespec.store import ModelStore
+    from edgespec.files.store import ModelStore
     try:
         path = ModelStore().resolve("qwen2.5-coder-1.5b")
     except ModelNotFound as exc:

@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 from conftest import SMALL, TARGET
-from edgespec.backend import ContextParams, LlamaContext
+from edgespec.llama.backend import ContextParams, LlamaContext
 from edgespec.engine import Engine, EngineConfig
 from edgespec.errors import InvalidRequest
-from edgespec.generate import GenerationRequest, Generator
-from edgespec.sampling import SamplingParams
+from edgespec.decode.loop import Decoder
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sequence import KVSequence
+from edgespec.decode.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -27,33 +29,41 @@ def small_engine():
         yield e
 
 
-def _reference_greedy(path, prompt: str, n: int, n_ctx: int) -> str:
-    """llama-cpp-python's own high-level greedy completion of the same prompt."""
+@pytest.fixture(scope="module")
+def reference(model_path):
+    """llama-cpp-python's own high-level Llama per model, loaded once for the module."""
     from llama_cpp import Llama  # the reference implementation, used only by this test
 
-    # Flash attention as the engine sets it on the CPU (off; see engine._flash_attn): the two
-    # attention kernels round differently and would flip near-ties.
-    llm = Llama(model_path=str(path), n_ctx=n_ctx, verbose=False, n_threads=2, flash_attn=False)
-    try:
-        out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1,
-                                    repeat_penalty=1.0)
+    loaded = {}
+
+    def greedy(name: str, prompt: str, n: int) -> str:
+        if name not in loaded:
+            # Flash attention as the engine sets it on the CPU (off; see engine._flash_attn):
+            # the two attention kernels round differently and would flip near-ties.
+            loaded[name] = Llama(model_path=str(model_path(name)), n_ctx=512, verbose=False,
+                                 n_threads=2, flash_attn=False)
+        llm = loaded[name]
+        llm.reset()  # evaluate every prompt in full, as a fresh Llama would
+        out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1, repeat_penalty=1.0)
         return out["choices"][0]["text"]
-    finally:
+
+    yield greedy
+    for llm in loaded.values():
         llm.close()
 
 
 @pytest.mark.parametrize("name", [SMALL, TARGET])
-def test_greedy_equals_llama_cpp_python(name, model_path):
+def test_greedy_equals_llama_cpp_python(name, reference):
     n = 48
     with Engine(EngineConfig(model=name, n_ctx=512)) as engine:
-        ours = [engine.generator.generate(engine.text_tokens(p), GenerationRequest(
+        ours = [engine.decoder.generate(engine.text_tokens(p), GenerationRequest(
             max_tokens=n, sampling=GREEDY, ignore_eos=True)).text for p in PROMPTS]
     for prompt, text in zip(PROMPTS, ours):
-        assert text == _reference_greedy(model_path(name), prompt, n, 512), prompt
+        assert text == reference(name, prompt, n), prompt
 
 
 def test_prefix_reuse_gives_the_same_answer(small_engine):
-    gen = small_engine.generator
+    gen = small_engine.decoder
     req = GenerationRequest(max_tokens=24, sampling=GREEDY)
     first = small_engine.text_tokens("List three prime numbers: 2, 3,")
     done1 = gen.generate(first, req)
@@ -61,7 +71,7 @@ def test_prefix_reuse_gives_the_same_answer(small_engine):
     follow = first + list(done1.token_ids) + small_engine.text_tokens(" and more:")[1:]
     done2 = gen.generate(follow, req)
     assert done2.stats.reused_prompt_tokens >= len(first) + len(done1.token_ids) - 1
-    gen.reset()
+    small_engine.reset()
     fresh = gen.generate(follow, req)
     assert fresh.stats.reused_prompt_tokens == 0
     assert fresh.token_ids == done2.token_ids
@@ -69,9 +79,9 @@ def test_prefix_reuse_gives_the_same_answer(small_engine):
 
 def test_stop_string_is_not_emitted(small_engine):
     prompt = small_engine.text_tokens("Count: 1, 2, 3, 4, 5, 6, 7, 8")
-    full = small_engine.generator.generate(prompt, GenerationRequest(max_tokens=20, sampling=GREEDY))
+    full = small_engine.decoder.generate(prompt, GenerationRequest(max_tokens=20, sampling=GREEDY))
     assert "10" in full.text
-    stopped = small_engine.generator.generate(prompt, GenerationRequest(
+    stopped = small_engine.decoder.generate(prompt, GenerationRequest(
         max_tokens=20, sampling=GREEDY, stop=("10",)))
     assert stopped.finish_reason == "stop"
     assert stopped.text == full.text[: full.text.index("10")]
@@ -79,7 +89,7 @@ def test_stop_string_is_not_emitted(small_engine):
 
 def test_max_tokens_and_streamed_text_match(small_engine):
     prompt = small_engine.text_tokens("Write a poem about the sea.")
-    events = list(small_engine.generator.stream(prompt, GenerationRequest(max_tokens=17, sampling=GREEDY,
+    events = list(small_engine.decoder.stream(prompt, GenerationRequest(max_tokens=17, sampling=GREEDY,
                                                                        ignore_eos=True)))
     done = events[-1]
     assert done.stats.generated_tokens == 17 and done.finish_reason == "length"
@@ -90,7 +100,7 @@ def test_max_tokens_and_streamed_text_match(small_engine):
 def test_seeded_sampling_is_reproducible_and_varies_with_seed(small_engine):
     prompt = small_engine.chat_tokens([{"role": "user", "content": "Tell me a story."}])
     def run(seed):
-        return small_engine.generator.generate(prompt, GenerationRequest(
+        return small_engine.decoder.generate(prompt, GenerationRequest(
             max_tokens=24, sampling=SamplingParams(temperature=1.0, seed=seed))).token_ids
     assert run(1) == run(1)
     assert len({run(s) for s in range(2, 6)}) > 1
@@ -98,7 +108,7 @@ def test_seeded_sampling_is_reproducible_and_varies_with_seed(small_engine):
 
 def test_end_of_generation_token_ends_the_answer(small_engine):
     prompt = small_engine.chat_tokens([{"role": "user", "content": "Say just the word yes."}])
-    done = small_engine.generator.generate(prompt, GenerationRequest(max_tokens=64, sampling=GREEDY))
+    done = small_engine.decoder.generate(prompt, GenerationRequest(max_tokens=64, sampling=GREEDY))
     assert done.finish_reason == "stop"
     assert done.stats.generated_tokens < 64
     assert "<|im_end|>" not in done.text
@@ -109,7 +119,7 @@ def test_prompt_too_long_for_context(small_model):
     try:
         # llama.cpp may round the context up; the limit is what it reports.
         with pytest.raises(InvalidRequest, match="does not fit"):
-            Generator(small_model, ctx).generate(list(range(100, 110 + ctx.n_ctx)))
+            Decoder(small_model, KVSequence(ctx)).generate(list(range(100, 110 + ctx.n_ctx)))
     finally:
         ctx.close()
 
@@ -117,7 +127,7 @@ def test_prompt_too_long_for_context(small_model):
 def test_generation_stops_at_a_full_context(small_model):
     ctx = LlamaContext(small_model, ContextParams(n_ctx=64))
     try:
-        done = Generator(small_model, ctx).generate(small_model.tokenize("Once upon a time"), GenerationRequest(
+        done = Decoder(small_model, KVSequence(ctx)).generate(small_model.tokenize("Once upon a time"), GenerationRequest(
             max_tokens=500, sampling=GREEDY, ignore_eos=True))
         assert done.finish_reason == "length"
         assert done.stats.prompt_tokens + done.stats.generated_tokens <= ctx.n_ctx
@@ -139,7 +149,7 @@ def test_multibyte_text_streams_whole_characters(small_engine):
     text = "naïve café 世界 🎉🎉 ok"
     toks = small_engine.model.tokenize(text, add_special=False)
     assert len(toks) > len(text.split())
-    from edgespec.detok import Detokenizer
+    from edgespec.decode.detok import Detokenizer
     d = Detokenizer()
     pieces = [d.feed(small_engine.model.token_piece(t)) for t in toks] + [d.flush()]
     assert "".join(pieces) == text

@@ -1,4 +1,4 @@
-"""Tests of edgespec.gguf: the valid corpus file, every hostile variant, fuzzing, real models."""
+"""Tests of edgespec.files.gguf: the valid corpus file, every hostile variant, fuzzing, real models."""
 from __future__ import annotations
 
 import hashlib
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import gguf_corpus as corpus
-from edgespec import gguf
+from edgespec.files import gguf
 from edgespec.errors import InvalidGGUF
-from edgespec.gguf import GGML_TYPES, model_info, read_gguf, tokenizer_fingerprint
+from edgespec.files.gguf import GGML_TYPES, model_info, read_gguf, tokenizer_fingerprint
 
 CASES = list(corpus.MUTATIONS) + ["directory", "missing", "fifo"]
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import DRAFTER, GEMMA, SMALL, TARGET
 
-from edgespec import backend, planner
+from edgespec.llama import backend, probe
+from edgespec.memory import planner
 from edgespec.errors import BudgetExceeded, InvalidRequest
 
 EDGESPEC = str(Path(sys.executable).with_name("edgespec"))
@@ -139,7 +140,7 @@ def _check_reported(fp_, c: planner.ContextFootprint, rep: dict[str, int], mappe
     (DRAFTER, 4096, 256, 17, "q8_0"),    # repacks 28 MiB of its weights on x86
 ])
 def test_estimates_match_what_llama_cpp_reports(model_path, fp, name, n_ctx, ub, n_seq, kv):
-    rep = backend.probe_context_buffers(model_path(name), n_ctx, n_ubatch=ub, n_seq_max=n_seq, kv_type=kv,
+    rep = probe.probe_context_buffers(model_path(name), n_ctx, n_ubatch=ub, n_seq_max=n_seq, kv_type=kv,
                                         flash_attn=True)
     f = fp(name)
     c = planner.estimate_context(f, n_ctx, ub, n_seq, kv, True)
@@ -151,7 +152,7 @@ def test_quantized_kv_needs_flash_attention(model_path, fp):
     with pytest.raises(InvalidRequest, match="flash attention"):
         planner.estimate_context(fp(SMALL), 2048, kv_type="q8_0", flash_attn=False)
     with pytest.raises(backend.BackendError):  # and llama.cpp indeed refuses it
-        backend.probe_context_buffers(model_path(SMALL), 2048, kv_type="q8_0", flash_attn=False)
+        probe.probe_context_buffers(model_path(SMALL), 2048, kv_type="q8_0", flash_attn=False)
 
 
 # =============================================================================================
@@ -161,13 +162,13 @@ def test_quantized_kv_needs_flash_attention(model_path, fp):
 _LOAD_SCRIPT = r"""
 import gc, json, sys
 import psutil
-from edgespec import backend
+from edgespec.llama import backend, probe
 path, n_ctx, n_ubatch, n_seq, prefill, verify, mmap = sys.argv[1], *map(int, sys.argv[2:])
 backend._ensure_initialized()
 proc = psutil.Process()
 gc.collect()
 before = proc.memory_info().rss
-with backend.capture_llama_log() as cap:
+with probe.capture_llama_log() as cap:
     model = backend.LlamaModel(path, backend.ModelParams(use_mmap=bool(mmap)))
     ctx = backend.LlamaContext(model, backend.ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=n_ubatch,
                                                             n_seq_max=n_seq, n_threads=2))
@@ -175,7 +176,7 @@ toks = [100 + i % 1000 for i in range(prefill)]
 ctx.decode_rows(toks, list(range(prefill)), [[0]] * prefill, [False] * (prefill - 1) + [True])
 ctx.decode_rows([5] * verify, list(range(prefill, prefill + verify)), [[0]] * verify, [True] * verify)
 gc.collect()
-print(json.dumps({"rss": proc.memory_info().rss - before, "reported": backend.reported_buffers(cap.lines)}))
+print(json.dumps({"rss": proc.memory_info().rss - before, "reported": probe.reported_buffers(cap.lines)}))
 """
 
 

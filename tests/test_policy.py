@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.policy import (CostModel, DepthAcceptance, RatioEstimate, TreeDepthCalibration, best_chain_length,
+from edgespec.drafters.auto.policy import (CostModel, DepthAcceptance, RatioEstimate, TreeDepthCalibration, best_chain_length,
                              best_tree_prefix, path_probabilities)
 
 # Shaped like this machine's measurements: a 2-token batch costs 1.7x a 1-token one.
@@ -86,7 +86,7 @@ def test_tree_calibration_uses_conditional_scores_and_sibling_sets():
 
 
 def test_match_length_classes():
-    from edgespec.drafters.auto import MATCH_CLASSES, match_class
+    from edgespec.drafters.auto.drafter import MATCH_CLASSES, match_class
 
     assert [match_class(n) for n in (0, 1, 3, 4, 11, 12, 31)] == [1, 1, 1, 4, 4, 12, 12]
     assert match_class(0) in MATCH_CLASSES

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.sampling import (SamplingParams, apply_repeat_penalty, greedy_token, sample_from,
+from edgespec.decode.sampling import (SamplingParams, apply_repeat_penalty, greedy_token, sample_from,
                                target_probs)
 
 EMPTY = np.zeros(0, np.int64)

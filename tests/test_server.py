@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL
-from edgespec.engine import Engine, EngineConfig, RequestQueue, make_request
+from edgespec.decode.request import make_request
+from edgespec.engine import Engine, EngineConfig, RequestQueue
 from edgespec.errors import BudgetExceeded, InvalidRequest, QueueFull
-from edgespec.events import DoneEvent, TokenEvent
-from edgespec.generate import GenerationRequest
+from edgespec.decode.events import DoneEvent, TokenEvent
+from edgespec.decode.request import GenerationRequest
 from edgespec.units import format_bytes, parse_bytes
 
 EDGESPEC = str(Path(sys.executable).with_name("edgespec"))
@@ -122,7 +123,7 @@ def test_make_request():
 
 
 def test_host_check_and_model_names():
-    from edgespec.server import ServerConfig, model_names
+    from edgespec.server.app import ServerConfig, model_names
 
     cfg = ServerConfig(model_id="m", host="127.0.0.1", port=8080)
     for ok in ("127.0.0.1:8080", "localhost:8080", "LOCALHOST", "[::1]:8080", "127.0.0.1"):
@@ -139,8 +140,8 @@ def test_host_check_and_model_names():
 
 
 def test_metrics_text_format():
-    from edgespec.events import GenerationStats
-    from edgespec.server import Metrics
+    from edgespec.decode.events import GenerationStats
+    from edgespec.server.app import Metrics
 
     m = Metrics()
     stats = GenerationStats(prompt_tokens=5, generated_tokens=9, gen_s=2.0, finish_reason="stop",
@@ -182,7 +183,7 @@ TIE_EPS = 0.5
 def _top2_gap(engine, prompt_tokens: list[int], answer: list[int], j: int) -> float:
     """Top-2 logit gap where the library chose answer[j], evaluated from a fresh cache."""
     engine.reset()
-    logits, _ = engine.generator.prefill(list(prompt_tokens) + list(answer[:j]))
+    logits, _ = engine.seq.sync(list(prompt_tokens) + list(answer[:j]))
     engine.reset()
     top2 = sorted(logits.tolist())[-2:]
     return top2[1] - top2[0]
@@ -211,7 +212,7 @@ def test_generate_stream_and_chat(engine):
     assert isinstance(events[-1], DoneEvent) and all(isinstance(e, TokenEvent) for e in events[:-1])
     assert "".join(e.text for e in events[:-1]) == events[-1].text == result.text
     assert [t for e in events[:-1] for t in e.token_ids] == list(result.token_ids)
-    assert events[-1].stats.extra["steps"] > 0  # speculative decoding ran (draft="auto")
+    assert events[-1].stats.spec.steps > 0  # speculative decoding ran (draft="auto")
     answer = engine.chat([{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0)
     assert answer.text and answer.stats.prompt_tokens > 5
     # The older entry points keep working, with a request object.
@@ -284,7 +285,8 @@ def test_queue_full_and_cancel_while_queued(small_path):
             eng.submit(eng.text_tokens("hi"), GenerationRequest(max_tokens=2))
         stop.set()
         th.join(60)
-        assert eng.generate("hi", max_tokens=2).text is not None  # free again
+        again = eng.generate("hi", max_tokens=2, ignore_eos=True)  # free again: runs, not QueueFull
+        assert again.finish_reason == "length" and len(again.token_ids) == 2 and not eng.queue.busy
     with Engine(EngineConfig(model=small_path, n_ctx=256, n_threads=THREADS, max_queue=2)) as eng:
         stop, cancel_queued = threading.Event(), threading.Event()
         started = threading.Event()
@@ -530,7 +532,10 @@ def test_api_key(keyed):
     assert r("GET", "/health")[0] == 200  # no key needed
     assert r("GET", "/metrics")[0] == 200
     good = openai.OpenAI(base_url=keyed.base + "/v1", api_key=KEY, max_retries=0, timeout=120)
-    assert good.completions.create(model=SMALL, prompt="Hi", max_tokens=2).choices[0].text is not None
+    comp = good.completions.create(model=SMALL, prompt="Hi", max_tokens=2, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    assert comp.choices[0].finish_reason == "length" and comp.usage.completion_tokens == 2
+    assert comp.choices[0].text  # two tokens of the model's answer came back
     bad = openai.OpenAI(base_url=keyed.base + "/v1", api_key="nope", max_retries=0, timeout=30)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
@@ -702,7 +707,7 @@ def test_metrics_after_traffic(server, client):
 
 # -- startup: loading, refusals ------------------------------------------------------------------
 def test_health_is_503_while_loading_and_load_errors_stop_the_server():
-    from edgespec.server import ServerConfig, ServerState, bind_socket, serve
+    from edgespec.server.app import ServerConfig, ServerState, bind_socket, serve
 
     gate = threading.Event()
 

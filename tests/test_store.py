@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import store as store_module
+from edgespec.files import store as store_module
 from edgespec.errors import IntegrityError, InvalidGGUF, ModelNotFound, StoreError
-from edgespec.manifest import ChunkPart, ManifestError, load_builtin, load_file, parse
-from edgespec.store import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
+from edgespec.files.manifest import ChunkPart, ManifestError, load_builtin, load_file, parse
+from edgespec.files.store import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
                             PHASE_VERIFY, PHASE_WAITING, ModelStore, PullEvent)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,7 +187,7 @@ def test_pull_assembles_and_verifies(pulled):
 
 
 def test_pulled_model_matches_manifest_fingerprint(pulled):
-    from edgespec.gguf import model_info
+    from edgespec.files.gguf import model_info
 
     store, path, _, _ = pulled
     info = model_info(path)
@@ -359,7 +359,7 @@ def _size(path: Path) -> int:
 def test_killed_pull_leaves_only_a_partial_file_that_the_next_pull_discards(tmp_path):
     manifest = load_builtin()[MODEL]
     partial = tmp_path / "tmp" / f"{manifest.file}.partial"
-    code = f"from edgespec.store import ModelStore; ModelStore().pull({MODEL!r})"
+    code = f"from edgespec.files.store import ModelStore; ModelStore().pull({MODEL!r})"
     proc = _start_pull(tmp_path, [sys.executable, "-c", code])
     _wait_for(lambda: _size(partial) > 0, proc)  # mid-assembly: the file is growing
     os.killpg(proc.pid, signal.SIGKILL)

@@ -12,8 +12,8 @@ from array import array
 import numpy as np
 import pytest
 
-from edgespec import suffix_index as si
-from edgespec.draft import DraftTree
+from edgespec.drafters import suffix_index as si
+from edgespec.spec.tree import DraftTree
 from edgespec.drafters.suffix import NAME, SuffixDrafter
 
 IMPLS = [
@@ -396,7 +396,7 @@ def test_suffix_drafter_lifecycle():
     d.begin(prompt)
     tree = d.propose(prompt, 8)
     assert tree.source == "suffix" and list(tree.tokens) == [7, 8, 9, 5]
-    assert tree.meta["match_len"] == 2 and len(tree.meta["scores"]) == 4
+    assert tree.match_len == 2 and len(tree.scores) == 4
     d.observe([7, 8])
     tree = d.propose(prompt + [7, 8], 3)
     assert list(tree.tokens) == [9, 5, 6] and list(tree.parents) == [-1, 0, 1]

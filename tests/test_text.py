@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec import tokens
-from edgespec.chat_template import ChatTemplate
-from edgespec.detok import Detokenizer, StopMatcher
+from edgespec.decode import tokens
+from edgespec.decode.chat_template import ChatTemplate
+from edgespec.decode.detok import Detokenizer, StopMatcher
 from edgespec.errors import InvalidRequest
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import psutil
 
-from edgespec import __version__, backend
+from edgespec import __version__
+from edgespec.llama import backend
 
 
 def _cpu_model() -> str:

@@ -5,7 +5,7 @@ Three peers, selectable like configurations:
 ``peer:llama-cpp-python-pld``
     llama-cpp-python's own prompt-lookup decoding (``Llama(draft_model=
     LlamaPromptLookupDecoding(num_pred_tokens=10))``), in process; its code lives in
-    :func:`edgespec.backend.prompt_lookup_generate` because that module is edgespec's only
+    :func:`edgespec.llama.pld.prompt_lookup_generate` because the llama package is edgespec's only
     importer of ``llama_cpp``.
 ``peer:llama.cpp-draft``
     llama.cpp's native ``llama-speculative-simple --spec-type draft-simple -md DRAFT
@@ -191,7 +191,7 @@ def generated_text(stdout: str, prompt_shown: str) -> str | None:
 # -- locating and running the native binaries ---------------------------------------------------
 def peers_bin_dir() -> Path:
     """``$EDGESPEC_HOME/peers/bin`` (default ``~/.cache/edgespec/peers/bin``)."""
-    from edgespec.store import default_home
+    from edgespec.files.store import default_home
 
     return Path(default_home()) / "peers" / "bin"
 
@@ -216,7 +216,7 @@ def _require_binary(name: str) -> Path:
 @functools.lru_cache(maxsize=16)
 def _bos_text_to_strip(model_path: str, mtime_ns: int) -> str:
     """The BOS token's text when llama.cpp will prepend a BOS itself (else "")."""
-    from edgespec import gguf
+    from edgespec.files import gguf
 
     md = gguf.read_gguf(model_path).metadata
     add_bos = md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")
@@ -332,9 +332,9 @@ def parse_run(stderr: str, stdout: str, prompt_shown: str, max_tokens: int) -> P
 # -- the registry -----------------------------------------------------------------------------
 def _run_pld(prompt_text: str, *, target_path, draft_path=None, max_tokens: int, threads: int,
              ctx: int, timeout: float | None = None) -> PeerResult:
-    from edgespec import backend  # imports llama_cpp; only this peer needs it
+    from edgespec.llama import pld  # imports llama_cpp; only this peer needs it
 
-    d = backend.prompt_lookup_generate(str(target_path), prompt_text, max_tokens, threads, ctx,
+    d = pld.prompt_lookup_generate(str(target_path), prompt_text, max_tokens, threads, ctx,
                                        num_pred_tokens=PLD_NUM_PRED_TOKENS)
     raw = dict(d, num_pred_tokens=PLD_NUM_PRED_TOKENS)
     return PeerResult(new_tokens=d["new_tokens"], gen_s=d["gen_s"], prefill_s=d["prefill_s"],
@@ -383,6 +383,6 @@ def close() -> None:
     """Frees what the in-process peer keeps loaded (no-op if it never ran)."""
     import sys
 
-    backend = sys.modules.get("edgespec.backend")
-    if backend is not None and hasattr(backend, "close_peer_models"):
-        backend.close_peer_models()
+    pld = sys.modules.get("edgespec.llama.pld")  # loaded only if the peer ran
+    if pld is not None:
+        pld.close_peer_models()

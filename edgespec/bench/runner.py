@@ -20,18 +20,21 @@ from edgespec.bench import peers
 from edgespec.bench.machine import describe
 from edgespec.bench.prompts import BenchPrompt
 from edgespec.bench.summary import PLAIN, Record, interleaved_order, summarize
-from edgespec.drafters import DraftConfig, make_drafter
+from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of, make_drafter
 from edgespec.engine import Engine, EngineConfig
 from edgespec.errors import InvalidRequest
-from edgespec.events import DoneEvent
-from edgespec.generate import GenerationRequest
-from edgespec.sampling import SamplingParams
-from edgespec.speculative import SpeculativeGenerator
+from edgespec.decode.events import DoneEvent
+from edgespec.decode.loop import Decoder
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sampling import SamplingParams
+from edgespec.spec.step import SpeculativeStep
 
 log = logging.getLogger(__name__)
 
-EDGESPEC_CONFIGS = ("none", "suffix", "model", "model-tree", "hybrid", "auto")
-MODEL_CONFIGS = ("model", "model-tree", "hybrid")  # always draft with the drafter model
+# Every registered drafter, plus the model drafter drafting trees.
+EDGESPEC_CONFIGS = NAMES[:3] + ("model-tree",) + NAMES[3:]
+# Configurations that always draft with the drafter model (declared by the drafter kinds).
+MODEL_CONFIGS = tuple(c for c in EDGESPEC_CONFIGS if kind_of(c.removesuffix("-tree")).model == "always")
 
 
 @dataclass(frozen=True)
@@ -104,13 +107,13 @@ class _Runners:
     def runner(self, config: str):
         """A fresh drafter per call (no history carried between prompts), sharing the model."""
         if config == PLAIN:
-            return self.engine.generator
+            return Decoder(self.engine.model, self.engine.seq)
         kind = "model" if config == "model-tree" else config
         wants_model = config in MODEL_CONFIGS or (kind == "auto" and self._draft_config(kind).allow_model)
         shared = self.model_drafter(tree=config == "model-tree") if wants_model else None
         drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
                                target_ctx=self.engine.ctx, shared_model=shared)
-        return SpeculativeGenerator(self.engine.generator, drafter, self.settings.draft_max)
+        return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.settings.draft_max))
 
     def close(self) -> None:
         if self._model_drafter is not None:
@@ -118,11 +121,11 @@ class _Runners:
 
 
 def _record(p: BenchPrompt, config: str, repeat: int, done: DoneEvent) -> Record:
-    s, x = done.stats, done.stats.extra
-    steps = x.get("steps", max(s.generated_tokens - 1, 0))
+    s, x = done.stats, done.stats.spec
+    steps = x.steps if x is not None else max(s.generated_tokens - 1, 0)
     return Record(id=p.id, category=p.category, config=config, new_tokens=s.generated_tokens,
-                  gen_s=s.gen_s, prefill_s=s.prompt_eval_s, steps=steps, drafted=x.get("drafted", 0),
-                  accepted=x.get("accepted", 0), peak_rss_bytes=s.peak_rss_bytes, text=done.text,
+                  gen_s=s.gen_s, prefill_s=s.prompt_eval_s, steps=steps, drafted=x.drafted if x else 0,
+                  accepted=x.accepted if x else 0, peak_rss_bytes=s.peak_rss_bytes, text=done.text,
                   repeat=repeat, gen_tokens=max(s.generated_tokens - 1, 0),
                   reused_prompt_tokens=s.reused_prompt_tokens)
 
@@ -196,7 +199,7 @@ def _run_one(engine, runners, p: BenchPrompt, config: str, repeat: int, settings
     if not settings.share_prefill:
         engine.reset()
     else:
-        shared_s = _share_prefill(engine.generator, tokens)
+        shared_s = _share_prefill(engine.seq, tokens)
     request = GenerationRequest(max_tokens=settings.max_tokens,
                                 sampling=SamplingParams(temperature=settings.temperature, seed=settings.seed))
     done = None
@@ -207,7 +210,7 @@ def _run_one(engine, runners, p: BenchPrompt, config: str, repeat: int, settings
     return rec
 
 
-def _share_prefill(generator, tokens: list[int]) -> float:
+def _share_prefill(seq, tokens: list[int]) -> float:
     """Puts all but the last prompt token in the cache, once per prompt; returns its seconds.
 
     Every configuration then evaluates the last prompt token alone (prefix reuse always
@@ -217,10 +220,10 @@ def _share_prefill(generator, tokens: list[int]) -> float:
     flip near-ties at the very first token.
     """
     head = tokens[:-1]
-    if len(head) < 1 or generator.cached[:len(head)] == head:
+    if len(head) < 1 or seq.tokens[:len(head)] == head:
         return 0.0
     t0 = time.perf_counter()
-    generator.prefill(head)
+    seq.sync(head)
     return time.perf_counter() - t0
 
 
@@ -232,10 +235,8 @@ def _render(engine: Engine, p: BenchPrompt) -> str:
 
 
 def _peer_draft_path(engine: Engine, settings: BenchSettings) -> str | None:
-    from edgespec.drafters import _default_draft_model
-
     try:
-        name = settings.draft_model or _default_draft_model(engine.model, engine.store)
+        name = settings.draft_model or default_draft_model(engine.model, engine.store)
         return str(engine.store.resolve(name))
     except Exception:  # noqa: BLE001 - a peer without a drafter is reported by the peer itself
         return None

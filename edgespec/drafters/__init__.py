@@ -1,85 +1,121 @@
-"""Drafters, picked by name from a registry.
+"""Drafters, picked by name from a registry in which each kind declares what it needs.
 
-`--draft` accepts: none | suffix | model | hybrid | auto | a drafter model name or GGUF path
-(meaning `model` with that file). `auto` (edgespec.drafters.auto) decides every step between
-the suffix draft, a model-drafted chain (when a drafter model for the target is in the store)
-and a plain step, from calibrated costs and running acceptance estimates.
+`--draft` accepts a name from ``KINDS`` or a drafter model name / GGUF path (meaning `model`
+with that file). Each ``DrafterKind`` says whether it loads a drafter model and whether it
+keeps a suffix index; the planner, the budget, `edgespec plan` and the bench read these
+declarations instead of keeping their own lists. `auto` (edgespec.drafters.auto) decides every
+step between the suffix draft, a model-drafted chain (when a drafter model for the target is in
+the store) and a plain step, from calibrated costs and running acceptance estimates.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
-from edgespec.backend import LlamaModel, ModelParams
+from edgespec.drafters.suffix import DEFAULT_HISTORY_TOKENS
 from edgespec.errors import InvalidRequest, ModelNotFound
-from edgespec.store import ModelStore
-from edgespec.vocab import check_compatible
+from edgespec.files.modelfile import model_file
+from edgespec.files.store import ModelStore
+from edgespec.files.vocab import check_compatible
+from edgespec.llama.backend import LlamaModel, ModelParams
 
 log = logging.getLogger(__name__)
 
-NAMES = ("none", "suffix", "model", "hybrid", "auto")
 # Default drafter model per target tokenizer fingerprint (manifests pin the fingerprints).
 DEFAULT_DRAFT_MODELS = {"efc0bd6f520a5959": "qwen2.5-coder-0.5b"}
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """What a drafter needs, declared once."""
+
+    name: str
+    model: str  # "never" | "always" | "optional" (auto: uses a drafter model if one is present)
+    suffix: bool  # keeps a suffix index over requests (~BYTES_PER_TOKEN a held token)
+    help: str
+
+    @property
+    def may_load_model(self) -> bool:
+        return self.model != "never"
+
+
+KINDS = {k.name: k for k in (
+    DrafterKind("none", "never", False, "plain decoding through the speculative loop"),
+    DrafterKind("suffix", "never", True, "model-free drafts from a suffix index"),
+    DrafterKind("model", "always", False, "a small GGUF model of the same tokenizer"),
+    DrafterKind("hybrid", "always", True, "the suffix draft when its match is long, else the model"),
+    DrafterKind("auto", "optional", True, "per step, whichever the calibrated cost model expects to pay"),
+)}
+NAMES = tuple(KINDS)
+
+
+def kind_of(draft: str) -> DrafterKind:
+    """The kind a --draft value means: a registry name, or `model` for a model name/path."""
+    return KINDS.get(draft, KINDS["model"])
 
 
 @dataclass(frozen=True)
 class DraftConfig:
     """Which drafter, and its knobs."""
 
-    kind: str = "auto"  # a name from NAMES, or a model name / GGUF path
+    kind: str = "auto"  # a name from KINDS, or a model name / GGUF path
     draft_model: str | None = None  # the model for `model`/`hybrid` (default: per target)
     tree: bool = False  # model drafter: best-first tree instead of a chain (greedy only)
     n_ctx: int = 4096
     n_threads: int | None = None
-    suffix_history_tokens: int = 1 << 18  # the suffix index's memory cap (~115 bytes a token)
+    suffix_history_tokens: int = DEFAULT_HISTORY_TOKENS  # the suffix index's memory cap
     allow_model: bool = True  # False under a RAM budget the drafter model does not fit
     model_params: ModelParams | None = None  # placement of the drafter model (planner's choice)
     calibration_tag: str = ""  # e.g. "-filebacked": costs differ from a resident load
 
 
-def _default_draft_model(target: LlamaModel, store: ModelStore) -> str:
-    from edgespec.gguf import tokenizer_fingerprint
+def drafter_model_path(draft: str, draft_model: str | None, target_fingerprint: str,
+                       store: ModelStore) -> Path | None:
+    """The drafter model file ``--draft draft`` would load for a target, or None.
 
-    fp = tokenizer_fingerprint(target.gguf)
-    name = DEFAULT_DRAFT_MODELS.get(fp)
+    `auto` without an explicit model takes the default drafter only if it is in the store.
+    Raises:
+        ModelNotFound: a named model (or `model`/`hybrid`'s default) is not in the store.
+        InvalidRequest: `model`/`hybrid` with no default drafter model for this tokenizer.
+    """
+    kind = kind_of(draft)
+    if not kind.may_load_model:
+        return None
+    if draft not in KINDS:
+        return _resolve_model(store, draft)
+    if draft_model:
+        return store.resolve(draft_model)
+    name = DEFAULT_DRAFT_MODELS.get(target_fingerprint)
+    if kind.model == "optional":
+        return store.resolve(name) if name and store.is_present(name) else None
+    if name is None:
+        raise InvalidRequest("no default drafter model for this target; pass --draft-model NAME|PATH")
+    return store.resolve(name)
+
+
+def default_draft_model(target: LlamaModel, store: ModelStore) -> str:
+    """The store name of the default drafter model for ``target``'s tokenizer."""
+    name = DEFAULT_DRAFT_MODELS.get(target.file.fingerprint)
     if name is None:
         raise InvalidRequest(f"no default drafter model for {target.path}; pass --draft-model NAME|PATH")
     return name
 
 
-def _model_drafter(target: LlamaModel, store: ModelStore, name: str | None, cfg: DraftConfig):
+def _resolve_model(store: ModelStore, name: str) -> Path:
+    try:
+        return store.resolve(name)
+    except ModelNotFound as exc:
+        raise InvalidRequest(f"--draft must be one of {', '.join(NAMES)} or a drafter model: {exc}") from exc
+
+
+def load_model_drafter(target: LlamaModel, path: Path, cfg: DraftConfig):
+    """A ModelDrafter over the model at ``path`` after checking its vocabulary against the target."""
     from edgespec.drafters.model import ModelDrafter
 
-    path = store.resolve(name or _default_draft_model(target, store))
-    from edgespec.gguf import read_gguf
-
-    check_compatible(target.gguf, read_gguf(path))
+    check_compatible(target.gguf, model_file(path).gguf)
     return ModelDrafter(LlamaModel(path, cfg.model_params or ModelParams()), n_ctx=cfg.n_ctx,
                         n_threads=cfg.n_threads, tree=cfg.tree)
-
-
-def _suffix_drafter(cfg: DraftConfig):
-    from edgespec.drafters.suffix import SuffixDrafter
-
-    return SuffixDrafter(max_history_tokens=cfg.suffix_history_tokens)
-
-
-def _auto_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target_ctx, shared_model=None):
-    from edgespec.calibrate import cost_model
-    from edgespec.drafters.auto import AutoDrafter
-
-    model = shared_model if cfg.allow_model else None
-    if model is None and cfg.allow_model and (cfg.draft_model or _has_default_drafter(target, store)):
-        model = _model_drafter(target, store, cfg.draft_model, cfg)
-    cost = cost_model(target_ctx, model.ctx if model is not None else None, store.home, cfg.calibration_tag)
-    return AutoDrafter(_suffix_drafter(cfg), cost, model=model)
-
-
-def _has_default_drafter(target: LlamaModel, store: ModelStore) -> bool:
-    try:
-        return store.is_present(_default_draft_model(target, store))
-    except InvalidRequest:
-        return False
 
 
 def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target_ctx=None,
@@ -93,27 +129,45 @@ def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target
         ModelNotFound / InvalidGGUF: the drafter model cannot be found or read.
         IncompatibleModels: its vocabulary does not match the target's.
     """
-    kind = cfg.kind
-    if kind == "none":
-        from edgespec.drafters.none import NoDrafter
+    from edgespec.drafters.suffix import SuffixDrafter
 
-        return NoDrafter()
-    if kind == "suffix":
-        return _suffix_drafter(cfg)
-    if kind == "auto":
-        if target_ctx is None:
-            raise ValueError("the auto drafter needs the target context to calibrate on")
-        return _auto_drafter(cfg, target, store, target_ctx, shared_model)
-    if kind == "model":
-        return shared_model or _model_drafter(target, store, cfg.draft_model, cfg)
-    if kind == "hybrid":
-        from edgespec.drafters.hybrid import HybridDrafter
+    kind = kind_of(cfg.kind)
+    model = None
+    if kind.may_load_model and cfg.allow_model:
+        model = shared_model
+        if model is None:
+            path = drafter_model_path(cfg.kind, cfg.draft_model, target.file.fingerprint, store)
+            model = load_model_drafter(target, path, cfg) if path is not None else None
+    suffix = SuffixDrafter(max_history_tokens=cfg.suffix_history_tokens) if kind.suffix else None
+    return _BUILDERS[kind.name](cfg, model, suffix, target_ctx, store)
 
-        return HybridDrafter(_suffix_drafter(cfg),
-                             shared_model or _model_drafter(target, store, cfg.draft_model, cfg))
-    # A model name or a path: the model drafter with that file.
-    try:
-        store.resolve(kind)
-    except ModelNotFound as exc:
-        raise InvalidRequest(f"--draft must be one of {', '.join(NAMES)} or a drafter model: {exc}") from exc
-    return _model_drafter(target, store, kind, cfg)
+
+def _build_none(cfg, model, suffix, target_ctx, store):
+    from edgespec.drafters.none import NoDrafter
+
+    return NoDrafter()
+
+
+def _build_hybrid(cfg, model, suffix, target_ctx, store):
+    from edgespec.drafters.hybrid import HybridDrafter
+
+    return HybridDrafter(suffix, model)
+
+
+def _build_auto(cfg, model, suffix, target_ctx, store):
+    from edgespec.drafters.auto import AutoDrafter
+    from edgespec.drafters.auto.calibrate import cost_model
+
+    if target_ctx is None:
+        raise ValueError("the auto drafter needs the target context to calibrate on")
+    cost = cost_model(target_ctx, model.ctx if model is not None else None, store.home, cfg.calibration_tag)
+    return AutoDrafter(suffix, cost, model=model)
+
+
+_BUILDERS = {
+    "none": _build_none,
+    "suffix": lambda cfg, model, suffix, target_ctx, store: suffix,
+    "model": lambda cfg, model, suffix, target_ctx, store: model,
+    "hybrid": _build_hybrid,
+    "auto": _build_auto,
+}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from edgespec.draft import DraftTree
+from edgespec.spec.tree import DraftTree
 
 
 @runtime_checkable

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edgespec.draft import DraftTree
+from edgespec.spec.tree import DraftTree
 
 NAME = "hybrid"
 
@@ -26,7 +26,7 @@ class HybridDrafter:
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         draft = self.suffix.propose(context, budget)
-        if len(draft) and draft.meta.get("match_len", 0) >= self.min_match:
+        if len(draft) and draft.match_len >= self.min_match:
             return draft
         return self.model.propose(context, budget)
 

@@ -21,11 +21,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.backend import ContextParams, LlamaContext, LlamaModel
-from edgespec.draft import DraftTree
-from edgespec.generate import recent_window
-from edgespec.sampling import SamplingParams, sample_from, target_probs
-from edgespec.tokens import fast_common_prefix
+from edgespec.decode.sampling import SamplingParams, recent_window, sample_from, target_probs
+from edgespec.decode.sequence import KVSequence
+from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
+from edgespec.spec.tree import DraftTree
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +42,30 @@ class ModelDrafter:
     """Drafts with a small model; see the module docstring for the two shapes."""
 
     name = NAME
+    TREE_ROUND = 4  # frontier nodes decoded per batch while growing a tree
 
     def __init__(self, model: LlamaModel, n_ctx: int = 4096, n_threads: int | None = None,
-                 tree: bool = False, min_confidence: float = 0.4, branch: int = 3, round_size: int = 4):
+                 tree: bool = False, min_confidence: float = 0.4, branch: int = 3, round_size: int = TREE_ROUND,
+                 ctx=None):
+        """``ctx``: a context to draft in instead of a new one over ``model`` (tests pass an
+        exact fake with the LlamaContext interface)."""
         self.model = model
         self.tree = tree
         self.min_confidence = min_confidence
         self.branch = branch
         self.round_size = round_size
-        # Always room for tree drafting (the flag can change between requests); a small ubatch
-        # keeps the compute buffer (ubatch x vocabulary logits) small: drafts are a few tokens.
-        self.ctx = LlamaContext(model, ContextParams(
-            n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=MAX_TREE_NODES + 1, n_threads=n_threads))
-        self.cached: list[int] = []
+        self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads))
+        self.seq = KVSequence(self.ctx)
         self.params = SamplingParams(temperature=0.0)
         self.rng = np.random.default_rng()
+
+    @staticmethod
+    def context_params(n_ctx: int, n_threads: int | None = None) -> ContextParams:
+        """The drafter's context: always room for tree drafting (the flag can change between
+        requests); a small ubatch keeps the compute buffer (ubatch x vocabulary logits) small,
+        since drafts are a few tokens. The planner sizes the drafter from this declaration."""
+        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=MAX_TREE_NODES + 1,
+                             n_threads=n_threads)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None, rng=None) -> None:
@@ -82,26 +90,10 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         if budget <= 0 or len(context) + budget + 1 >= self.ctx.n_ctx:
             return DraftTree.empty(NAME)
-        logits = self._sync(context)
+        logits, _ = self.seq.sync(context)
         if self.tree and self.params.greedy:
             return self._tree(context, logits, min(budget, MAX_TREE_NODES))
         return self._chain(context, logits, budget)
-
-    def _sync(self, context: Sequence[int]) -> np.ndarray:
-        """Makes sequence 0 hold exactly ``context``; returns the logits after its last token."""
-        keep = min(fast_common_prefix(self.cached, context), len(context) - 1)
-        self.ctx.seq_rm(0, keep, -1)
-        self.cached = list(context[:keep])
-        logits = None
-        for start in range(keep, len(context), self.ctx.n_batch):
-            chunk = list(context[start:start + self.ctx.n_batch])
-            last = start + len(chunk) == len(context)
-            out = self.ctx.decode(chunk, range(start, start + len(chunk)), [[0]] * len(chunk),
-                                  [last and i == len(chunk) - 1 for i in range(len(chunk))])
-            self.cached.extend(chunk)
-            if last:
-                logits = out[0]
-        return logits
 
     def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
         tokens: list[int] = []
@@ -124,9 +116,7 @@ class ModelDrafter:
                     break
             tokens.append(token)
             if k + 1 < budget:
-                pos = len(self.cached)
-                logits = self.ctx.decode([token], [pos], [[0]], [True])[0]
-                self.cached.append(token)
+                logits = self.seq.append(token)
         return DraftTree.chain(tokens, NAME, q_ids if sampling else None, q_probs if sampling else None)
 
     def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
@@ -170,7 +160,7 @@ class ModelDrafter:
             for seq in range(1, len(node_seq)):
                 self.ctx.seq_rm(seq, -1, -1)
         return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
-                         meta={"logp": scores})
+                         scores=np.exp(np.asarray(scores, np.float64)))
 
     def _expand(self, nodes, tokens, parents, depths, base, node_seq) -> np.ndarray:
         """Decodes ``nodes`` in one batch, each in a fresh sequence holding its ancestors."""

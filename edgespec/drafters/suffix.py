@@ -1,6 +1,6 @@
 """The `suffix` drafter: model-free drafts from a suffix index (SuffixDecoding-style).
 
-The index (edgespec/suffix_index.py; C when built) holds the current request's prompt and
+The index (edgespec/drafters/suffix_index.py; C when built) holds the current request's prompt and
 output, growing with every step, plus a bounded history of earlier requests in this process.
 Each step proposes a tree of the most frequent continuations of the longest suffix of the
 context seen before; the tree grows with the match length (``alpha`` tokens per matched
@@ -20,10 +20,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.draft import DraftTree
-from edgespec.suffix_index import SuffixIndex
+from edgespec.spec.tree import DraftTree
+from edgespec.drafters.suffix_index import SuffixIndex
 
 NAME = "suffix"
+BYTES_PER_TOKEN = 115  # native index, measured: what the planner budgets per held token
+DEFAULT_HISTORY_TOKENS = 1 << 18  # tokens of earlier requests kept (~29 MiB)
 
 
 class SuffixDrafter:
@@ -31,7 +33,7 @@ class SuffixDrafter:
 
     name = NAME
 
-    def __init__(self, max_depth: int = 64, max_history_tokens: int = 1 << 18, max_spec: int = 32,
+    def __init__(self, max_depth: int = 64, max_history_tokens: int = DEFAULT_HISTORY_TOKENS, max_spec: int = 32,
                  alpha: float = 1.0, min_prob: float = 0.1, max_match: int | None = None,
                  index=None) -> None:
         """``index``: an existing index to share (e.g. across drafter instances), else a new one.
@@ -53,11 +55,9 @@ class SuffixDrafter:
         tail = context[len(context) - self._tail:] if len(context) > self._tail else context
         tokens, parents, scores, match_len = self.index.propose(tail, budget)
         if not tokens:
-            tree = DraftTree.empty(NAME)
-            tree.meta["match_len"] = match_len
-            return tree
+            return DraftTree.empty(NAME, match_len)
         return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
-                         meta={"match_len": match_len, "scores": np.asarray(scores, np.float64)})
+                         scores=np.asarray(scores, np.float64), match_len=match_len)
 
     def observe(self, emitted: Sequence[int]) -> None:
         self.index.extend(emitted)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping
 
 from edgespec.errors import IntegrityError, ModelNotFound, StoreError
-from edgespec.manifest import ChunkPart, Manifest, load_builtin
+from edgespec.files.manifest import ChunkPart, Manifest, load_builtin
 
 try:
     import fcntl
@@ -690,7 +690,7 @@ def _hash_file(path: Path, on_progress: Callable[[int], None] | None = None) -> 
 
 def _model_info(path: Path) -> Any:
     # Imported lazily: the GGUF reader is only needed to import or inspect a file.
-    from edgespec.gguf import model_info
+    from edgespec.files.gguf import model_info
 
     return model_info(path)
 

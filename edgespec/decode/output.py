@@ -5,8 +5,8 @@ stop strings, max_tokens and multi-byte text behave identically whatever produce
 """
 from __future__ import annotations
 
-from edgespec.detok import Detokenizer, StopMatcher
-from edgespec.events import TokenEvent
+from edgespec.decode.detok import Detokenizer, StopMatcher
+from edgespec.decode.events import TokenEvent
 
 
 class OutputStream:

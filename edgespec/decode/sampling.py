@@ -7,6 +7,7 @@ a pure function of numpy arrays; no llama.cpp.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,3 +150,18 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
     cum = np.cumsum(probs[ids])
     u = rng.random() * cum[-1]
     return int(ids[min(int(np.searchsorted(cum, u, side="right")), len(ids) - 1)])
+
+
+def recent_window(history: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """Token ids in the repetition-penalty window (prompt included, as llama.cpp does)."""
+    n = params.repeat_last_n if params.repeat_penalty != 1.0 else 0
+    return np.asarray(history[-n:] if n else [], dtype=np.int64)
+
+
+def pick_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int],
+               rng: np.random.Generator) -> int:
+    """The next token of plain decoding: argmax or a draw from the exact target distribution."""
+    probs = target_probs(logits, params, recent_window(history, params))
+    if params.greedy:
+        return int(np.argmax(probs))
+    return sample_from(probs, rng)

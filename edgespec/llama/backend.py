@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import llama_cpp as lc
-from edgespec import gguf
+from edgespec.files.modelfile import model_file
+from edgespec.llama.kernels import KV_CACHE_TYPES
 from edgespec.errors import BackendError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,9 @@ class ModelParams:
     # CPU weight repacking for faster kernels: an extra anonymous copy of most weights. Off
     # when weights must stay file-backed (its copy would be resident whatever we do).
     repack: bool = True
+    # CUDA builds keep CPU-resident weights in pinned host buffers, which are never repacked;
+    # True bypasses them so the CPU gets repacked weights (a target verified on the CPU).
+    no_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,9 +155,11 @@ class ContextParams:
     # Most logits rows one decode may return; None: n_batch. llama.cpp reserves a compute
     # buffer of rows x vocabulary floats, so verification-sized values save hundreds of MB.
     n_outputs_max: int | None = None
+    # CUDA builds: a batch of >= 32 tokens copies CPU-resident weights to the GPU and multiplies
+    # there (GGML_OP_OFFLOAD_MIN_BATCH); False keeps such batches on the CPU.
+    op_offload: bool = True
 
 
-KV_CACHE_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml type ids
 
 
 def _load_mode(p: ModelParams) -> int:
@@ -168,6 +174,7 @@ def _model_params(p: ModelParams):
     mp.n_gpu_layers = p.n_gpu_layers
     mp.load_mode = _load_mode(p)
     mp.use_extra_bufts = bool(p.repack)
+    mp.no_host = bool(p.no_host)
     return mp
 
 
@@ -190,7 +197,8 @@ def _context_params(p: ContextParams, threads: int):
     cp.n_outputs_max = outputs
     cp.n_outputs_max_per_seq = outputs
     cp.no_perf = True
-    cp.type_k = cp.type_v = KV_CACHE_TYPES[p.kv_type]
+    cp.op_offload = bool(p.op_offload)
+    cp.type_k = cp.type_v = KV_CACHE_TYPES[p.kv_type].ggml_id
     cp.flash_attn_type = {None: lc.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                           False: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}[p.flash_attn]
     return cp
@@ -202,7 +210,8 @@ class LlamaModel:
     def __init__(self, path: str | os.PathLike, params: ModelParams = ModelParams()):
         self.path = str(path)
         # The validator reads the header first: llama.cpp must never see a malformed file.
-        self.gguf = gguf.read_gguf(self.path)
+        self.file = model_file(self.path)
+        self.gguf = self.file.gguf
         _ensure_initialized()
         self._model = lc.llama_model_load_from_file(self.path.encode(), _model_params(params))
         if not self._model:
@@ -445,10 +454,11 @@ class LlamaContext:
 
     # -- memory -------------------------------------------------------------------------------
     def kv_bytes(self) -> int:
-        """Bytes of the f16 K and V caches for the whole context."""
+        """Bytes of the K and V caches for the whole context, in the context's cache type."""
         m = self.model
         head_dim = m.n_embd // max(m.n_head, 1)
-        return 2 * 2 * self.n_ctx * m.n_layer * m.n_head_kv * head_dim
+        elements = 2 * self.n_ctx * m.n_layer * m.n_head_kv * head_dim
+        return KV_CACHE_TYPES[self.params.kv_type].nbytes(elements)
 
     def memory_report(self) -> dict:
         """Bytes this context and its model hold, by part."""
@@ -470,234 +480,3 @@ class LlamaContext:
             self.close()
         except Exception:  # noqa: BLE001
             pass
-
-
-# =============================================================================================
-# -- peer: llama-cpp-python's own high-level API -----------------------------------------------
-# =============================================================================================
-# The benchmark harness (edgespec.bench.peers) compares edgespec with llama-cpp-python's own
-# prompt-lookup speculative decoding, ``Llama(draft_model=LlamaPromptLookupDecoding(...))``.
-# It lives here because this module is edgespec's only importer of ``llama_cpp``. Nothing else in
-# edgespec uses it.
-#
-# Tokenization: ``Llama.create_completion`` given a *string* prompt tokenizes it itself with
-# ``special=True`` (so "<|im_start|>" becomes its control token) and prepends the BOS when the
-# model's GGUF asks for one, whether or not the text already begins with it; it may also append
-# an EOS/SEP to the prompt for models whose vocabulary sets add_eos or a separator token. To feed
-# the peer exactly the tokens edgespec feeds itself, the prompt is tokenized here with the same
-# rule as ``Engine.chat_tokens`` (parse special tokens; add the BOS only when the text does not
-# already start with it) and given to ``create_completion`` as a token list, which it uses
-# verbatim (no BOS, no EOS added).
-
-_peer_llamas: dict[tuple, object] = {}
-_peer_lock = threading.Lock()
-
-
-def _peer_llama(model_path: str, n_threads: int, n_ctx: int, num_pred_tokens: int):
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    key = (os.path.abspath(model_path), int(n_threads), int(n_ctx), int(num_pred_tokens))
-    with _peer_lock:
-        llm = _peer_llamas.get(key)
-        if llm is None:
-            gguf.read_gguf(model_path)  # the validator sees every file before llama.cpp does
-            # logits_all=True: llama-cpp-python 0.3.36 raises "could not broadcast input array"
-            # with a draft model unless every row's logits are kept.
-            llm = lc.Llama(model_path=model_path,
-                           draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
-                           logits_all=True, n_ctx=n_ctx, n_threads=n_threads,
-                           n_threads_batch=n_threads, verbose=False, flash_attn=True)
-            _peer_llamas[key] = llm
-        return llm
-
-
-def close_peer_models() -> None:
-    """Frees every llama-cpp-python model the peer loaded."""
-    with _peer_lock:
-        models = list(_peer_llamas.values())
-        _peer_llamas.clear()
-    for llm in models:
-        try:
-            llm.close()
-        except Exception:  # best effort at shutdown
-            log.debug("closing a peer model failed", exc_info=True)
-
-
-def prompt_lookup_generate(model_path: str | os.PathLike, prompt_text: str, max_tokens: int,
-                           n_threads: int, n_ctx: int, num_pred_tokens: int = 10) -> dict:
-    """Greedy generation with llama-cpp-python's ``LlamaPromptLookupDecoding``.
-
-    ``prompt_text`` is already chat-templated. Returns ``text``, ``new_tokens`` (generated tokens,
-    a final end-of-generation token not counted, as in edgespec's own stats), ``gen_s`` (wall time
-    from the first sampled token to the end, as edgespec's ``GenerationStats.gen_s``),
-    ``prefill_s`` (call start to the first sampled token: tokenization, prompt evaluation and
-    the first sample), ``prompt_tokens``, ``steps`` (target evaluations after the prefill, one per
-    verified draft), ``drafted`` and ``accepted`` (draft tokens evaluated and matched) and
-    ``finish_reason``. The model stays loaded for the next call with the same settings; every
-    call evaluates its prompt from scratch (no prefix reuse between calls).
-    """
-    import time
-
-    if max_tokens < 1:
-        raise InvalidRequest("max_tokens must be at least 1")
-    if not prompt_text:
-        raise InvalidRequest("the prompt is empty")
-    _ensure_initialized()
-    llm = _peer_llama(str(model_path), n_threads, n_ctx, num_pred_tokens)
-    vocab = llm._model.vocab
-    bos = int(lc.llama_vocab_bos(vocab))
-    bos_text = llm.detokenize([bos], special=True).decode("utf-8", errors="replace") if bos >= 0 else ""
-    add_bos = bool(lc.llama_vocab_get_add_bos(vocab)) and not (bos_text and prompt_text.startswith(bos_text))
-    prompt = llm.tokenize(prompt_text.encode("utf-8"), add_bos=add_bos, special=True)
-    if len(prompt) + max_tokens > n_ctx:
-        raise InvalidRequest(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed n_ctx={n_ctx}")
-
-    # Count by wrapping the instance's eval/sample (Llama.generate calls them through self):
-    # each eval after the prefill verifies [last token, draft...]; a sample at position idx
-    # checks the draft token at idx + 1 when one was evaluated there.
-    counts = {"evals": 0, "drafted": 0, "accepted": 0, "sampled": 0, "eog": 0}
-    t = {"first": None}
-    orig_eval, orig_sample = llm.eval, llm.sample
-
-    def eval_(tokens):
-        if counts["evals"] > 0:
-            counts["drafted"] += max(len(tokens) - 1, 0)
-        counts["evals"] += 1
-        return orig_eval(tokens)
-
-    def sample(*args, **kwargs):
-        tok = orig_sample(*args, **kwargs)
-        idx = kwargs.get("idx")
-        if t["first"] is None:
-            t["first"] = time.perf_counter()
-        counts["sampled"] += 1
-        if idx is not None and idx + 1 < llm.n_tokens and tok == int(llm._input_ids[idx + 1]):
-            counts["accepted"] += 1
-        if lc.llama_vocab_is_eog(vocab, tok):
-            counts["eog"] += 1
-        return tok
-
-    pieces: list[str] = []
-    finish = ""
-    llm.reset()  # no prefix reuse from the previous call: every prompt is evaluated in full
-    llm.eval, llm.sample = eval_, sample
-    try:
-        t0 = time.perf_counter()
-        for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, top_k=1,
-                                           top_p=1.0, min_p=0.0, repeat_penalty=1.0, stream=True):
-            choice = chunk["choices"][0]
-            pieces.append(choice.get("text") or "")
-            finish = choice.get("finish_reason") or finish
-        t_end = time.perf_counter()
-    finally:
-        del llm.eval, llm.sample  # back to the class's methods
-    t_first = t["first"] if t["first"] is not None else t_end
-    return {
-        "text": "".join(pieces),
-        "new_tokens": counts["sampled"] - counts["eog"],
-        "gen_s": t_end - t_first,
-        "prefill_s": t_first - t0,
-        "prompt_tokens": len(prompt),
-        "steps": max(counts["evals"] - 1, 0),
-        "drafted": counts["drafted"],
-        "accepted": counts["accepted"],
-        "finish_reason": finish,
-    }
-
-
-# =============================================================================================
-# -- memory probe: llama.cpp's own buffer sizes, for the planner's calibration and tests -------
-# =============================================================================================
-# edgespec.planner estimates memory from GGUF metadata alone; these functions let a test (or a
-# user checking a plan) compare its numbers with what llama.cpp itself allocates. llama.cpp
-# reports every buffer it allocates in its log ("CPU KV buffer size = 56.00 MiB"); the log is
-# routed to the "edgespec.llama_cpp" logger, so capturing it needs no change to llama.cpp.
-
-import contextlib  # only the probe below uses it
-
-_BUFFER_LINE = None  # compiled on first use
-
-
-class _LogCapture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def capture_llama_log():
-    """Collects llama.cpp's log lines while open: ``with capture_llama_log() as cap: ... cap.lines``.
-
-    The lines are kept from the rest of the logging tree while captured, so a CLI running at
-    WARNING does not print llama.cpp's debug chatter. Not meant for concurrent use.
-    """
-    handler = _LogCapture()
-    saved = (_llama_log.level, _llama_log.propagate)
-    _llama_log.setLevel(logging.DEBUG)
-    _llama_log.propagate = False
-    _llama_log.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        _llama_log.removeHandler(handler)
-        _llama_log.setLevel(saved[0])
-        _llama_log.propagate = saved[1]
-
-
-def reported_buffers(lines: Sequence[str]) -> dict[str, int]:
-    """Sums llama.cpp's "<name> buffer size = X MiB" log lines by name, in bytes.
-
-    Names look like "CPU_Mapped model", "CPU_REPACK model", "CPU KV", "CPU compute",
-    "CPU output" (with the device name first, e.g. "CUDA0 KV"). A model with a sliding-window
-    cache logs one KV line per cache; they are summed. Values are rounded to 0.01 MiB by
-    llama.cpp.
-    """
-    global _BUFFER_LINE
-    import re
-
-    if _BUFFER_LINE is None:
-        _BUFFER_LINE = re.compile(r"(\S+)\s+(\w+) buffer size =\s*([0-9.]+) MiB")
-    out: dict[str, int] = {}
-    for line in lines:
-        m = _BUFFER_LINE.search(line)
-        if m:
-            key = f"{m.group(1)} {m.group(2)}"
-            out[key] = out.get(key, 0) + round(float(m.group(3)) * 1024 * 1024)
-    return out
-
-
-def probe_context_buffers(path: str | os.PathLike, n_ctx: int, n_batch: int = 512, n_ubatch: int = 512,
-                          n_seq_max: int = 1, kv_type: str = "f16", flash_attn: bool | None = None,
-                          n_gpu_layers: int = 0, use_mmap: bool = True, repack: bool = True,
-                          n_outputs_max: int | None = None) -> dict[str, int]:
-    """Loads a model, creates one context and returns llama.cpp's reported buffer sizes (bytes).
-
-    A dry run of context construction: the context is freed at once and nothing is decoded.
-    The context is configured as ``LlamaContext`` configures its own (unified KV cache,
-    ``n_outputs_max`` = ``n_batch`` unless given), plus the knobs ``ContextParams`` does not have
-    yet: the KV cache type and the CPU weight repacking (``use_extra_bufts``). Keep the two in
-    step. Raises BackendError when llama.cpp refuses the configuration (e.g. a quantized V
-    cache without flash attention).
-    """
-    gguf.read_gguf(path)  # the validator sees every file before llama.cpp does
-    _ensure_initialized()
-    with capture_llama_log() as cap:
-        mp = _model_params(ModelParams(n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, repack=repack))
-        model = lc.llama_model_load_from_file(os.fspath(path).encode(), mp)
-        if not model:
-            raise BackendError(f"llama.cpp could not load {path}")
-        try:
-            cp = _context_params(ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                                               n_seq_max=n_seq_max, kv_type=kv_type, flash_attn=flash_attn,
-                                               n_outputs_max=n_outputs_max), default_threads())
-            ctx = lc.llama_init_from_model(model, cp)
-            if not ctx:
-                raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens "
-                                   f"(kv {kv_type}, flash attention {flash_attn})")
-            lc.llama_free(ctx)
-        finally:
-            lc.llama_model_free(model)
-    return reported_buffers(cap.lines)

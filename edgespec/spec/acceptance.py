@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.draft import DraftTree
-from edgespec.sampling import sample_from
+from edgespec.spec.tree import DraftTree
+from edgespec.decode.sampling import sample_from
 
 # A residual whose mass is below this fraction of its row is treated as empty. Reaching a
 # residual costs a rejection whose probability equals that residual's (unnormalized) mass, so
@@ -57,12 +57,7 @@ class Acceptance:
 
     def emitted_tokens(self, draft: DraftTree) -> list[int]:
         """What the step adds to the output: accepted tokens then the bonus (>= 1 token)."""
-        return self.accepted_tokens(draft) + [self.bonus]
-
-
-def emitted_tokens(draft: DraftTree, acc: Acceptance) -> list[int]:
-    """Tokens of ``acc.path`` followed by ``acc.bonus``."""
-    return acc.emitted_tokens(draft)
+        return self.accepted_tokens(draft) + [int(self.bonus)]
 
 
 def _children_lists(draft: DraftTree) -> dict[int, list[int]]:

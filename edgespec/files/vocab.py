@@ -7,7 +7,7 @@ and add-BOS behaviour, vocabulary sizes within 128, and identical token texts fr
 from __future__ import annotations
 
 from edgespec.errors import IncompatibleModels
-from edgespec.gguf import GGUFFile
+from edgespec.files.gguf import GGUFFile
 
 MAX_SIZE_DIFFERENCE = 128
 CHECK_START_ID = 5

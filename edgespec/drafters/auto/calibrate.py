@@ -12,8 +12,8 @@ import os
 import time
 from pathlib import Path
 
-from edgespec.backend import LlamaContext
-from edgespec.policy import CostModel
+from edgespec.llama.backend import LlamaContext
+from edgespec.drafters.auto.policy import CostModel
 
 log = logging.getLogger(__name__)
 

@@ -375,11 +375,17 @@ def _check_version(r: _Reader, version: int) -> None:
     r.fail(f"unsupported GGUF version {version} (supported: 2, 3)")
 
 
-def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, Any], dict[str, int]]:
-    """Read the key-value pairs; return (values by key, GGUF value type by key)."""
+def _read_metadata(r: _Reader, n_kv: int,
+                   spans: dict[str, tuple[int, int]] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, int]]:
+    """Read the key-value pairs; return (values by key, GGUF value type by key).
+
+    ``spans``, when given, receives each pair's [start, end) byte range in the file.
+    """
     metadata: dict[str, Any] = {}
     types: dict[str, int] = {}
     for i in range(n_kv):
+        start = r.pos
         key = r.text(f"key of key-value pair {i}")
         if not key:
             r.fail(f"key-value pair {i} has an empty key")
@@ -388,6 +394,8 @@ def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, Any], dict[str, int
         vtype = r.u32(f"value type of {key!r}")
         metadata[key] = _decode_value(r, vtype, f"value of {key!r}")
         types[key] = vtype
+        if spans is not None:
+            spans[key] = (start, r.pos)
     return metadata, types
 
 
@@ -508,10 +516,12 @@ def _pad(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
 
 
-def _parse(r: _Reader) -> GGUFFile:
-    """Parse a whole header from the reader; raise InvalidGGUF on the first problem."""
+def _parse_infos(r: _Reader, spans: dict[str, tuple[int, int]] | None = None
+                 ) -> tuple[int, dict[str, Any], int, list[_RawTensor], int]:
+    """Parse everything before the tensor data: (version, metadata, alignment, tensors,
+    data_offset); the data section itself need not be in the file."""
     version, n_tensors, n_kv = _read_header(r)
-    metadata, types = _read_metadata(r, n_kv)
+    metadata, types = _read_metadata(r, n_kv, spans)
     alignment = _alignment(r, metadata, types)
     raw: list[_RawTensor] = []
     names: set[str] = set()
@@ -523,6 +533,12 @@ def _parse(r: _Reader) -> GGUFFile:
         raw.append(t)
     # As in llama.cpp, the data section is padded to the alignment only when there is data.
     data_offset = _pad(r.pos, alignment) if raw else r.pos
+    return version, metadata, alignment, raw, data_offset
+
+
+def _parse(r: _Reader) -> GGUFFile:
+    """Parse a whole header from the reader; raise InvalidGGUF on the first problem."""
+    version, metadata, alignment, raw, data_offset = _parse_infos(r)
     if data_offset > r.size:
         r.fail(f"data section starts at offset {data_offset}, past the end of the file "
                f"({r.size} bytes)")
@@ -572,6 +588,52 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     log.debug("read %s: GGUF v%d, %d keys, %d tensors", path, g.version, len(g.metadata),
               len(g.tensors))
     return g
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """A GGUF file's header read without its tensor data (enough to rebuild the file's shape).
+
+    ``raw_kv`` holds each key-value pair's exact encoding (key, type, value), so a writer can
+    copy metadata byte for byte whatever its value types.  Tensor offsets are absolute, as if
+    the data section followed the header; a file cut after the header has none of that data.
+    """
+
+    path: str
+    version: int
+    alignment: int
+    data_offset: int
+    metadata: dict[str, Any]
+    raw_kv: dict[str, bytes]
+    tensors: tuple[TensorInfo, ...]
+
+
+def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
+    """Parse and check a GGUF header; the tensor data may be absent (a header-only file).
+
+    Everything :func:`read_gguf` checks is checked except that the data lies in the file.
+    Raises InvalidGGUF.
+    """
+    path = os.fspath(path)
+    f, size = _open_checked(path)
+    with f:
+        if size == 0:
+            raise InvalidGGUF(path, "file is empty")
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise InvalidGGUF(path, f"cannot map the file: {e}") from None
+        try:
+            r = _Reader(path, mm, size)
+            spans: dict[str, tuple[int, int]] = {}
+            version, metadata, alignment, raw, data_offset = _parse_infos(r, spans)
+            _check_packed(r, raw, alignment)
+            raw_kv = {k: mm[a:b] for k, (a, b) in spans.items()}
+        finally:
+            mm.close()
+    tensors = tuple(TensorInfo(t.name, t.shape, t.ggml_type, GGML_TYPES[t.ggml_type][0],
+                               data_offset + t.rel_offset, t.nbytes) for t in raw)
+    return GGUFHeader(path, version, alignment, data_offset, metadata, raw_kv, tensors)
 
 
 @dataclass(frozen=True)

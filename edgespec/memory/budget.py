@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from edgespec import planner
-from edgespec.backend import ContextParams, ModelParams
-from edgespec.gguf import read_gguf
-from edgespec.store import ModelStore
+from edgespec.memory import planner
+from edgespec.llama.backend import ContextParams, ModelParams
+from edgespec.drafters import KINDS, drafter_model_path, kind_of
+from edgespec.files.modelfile import model_file
+from edgespec.errors import InvalidRequest, ModelNotFound
+from edgespec.files.store import ModelStore
 
 log = logging.getLogger(__name__)
 
 # Headroom under the budget for what one poll of the weight releaser can fault in, plus the
 # interpreter's own jitter (allocations between RSS samples).
 RELEASE_MARGIN = 48 << 20
-MODEL_DRAFTS = ("model", "hybrid", "auto")
 
 
 @dataclass(frozen=True)
@@ -38,33 +39,27 @@ class Placement:
     notes: tuple[str, ...] = ()
 
 
-def _drafter_path(store: ModelStore, draft: str | None, draft_model: str | None, target_gguf) -> str | None:
-    """The drafter model file the requested speculation would load, if any."""
-    if draft is None or draft in ("none", "suffix"):
+def _optional_drafter(draft: str, draft_model: str | None, fingerprint: str, store: ModelStore):
+    """The drafter model a budgeted load plans for: a `model`/`hybrid` default that is not pulled
+    plans without it (the engine then reports the missing model when it builds the drafter)."""
+    try:
+        return drafter_model_path(draft, draft_model, fingerprint, store)
+    except (InvalidRequest, ModelNotFound):
+        if draft_model or draft not in KINDS:
+            raise
         return None
-    if draft not in MODEL_DRAFTS:  # a model name or path given as --draft
-        return str(store.resolve(draft))
-    if draft_model:
-        return str(store.resolve(draft_model))
-    from edgespec.drafters import DEFAULT_DRAFT_MODELS
-    from edgespec.gguf import tokenizer_fingerprint
-
-    name = DEFAULT_DRAFT_MODELS.get(tokenizer_fingerprint(target_gguf))
-    if name and store.is_present(name):
-        return str(store.resolve(name))
-    return None
 
 
 def placement(target_path: str, store: ModelStore, ram_budget: int, n_ctx: int, draft: str | None,
               draft_model: str | None, draft_max: int, draft_tree: bool, threads: int | None,
               n_seq_max: int) -> Placement:
     """Plans the load within ``ram_budget``; raises BudgetExceeded when nothing fits."""
-    target_gguf = read_gguf(target_path)
-    target_fp = planner.estimate_model(target_gguf)
-    dpath = _drafter_path(store, draft, draft_model, target_gguf)
-    drafter_fp = planner.estimate_model(read_gguf(dpath)) if dpath else None
-    uses_suffix = draft in ("suffix", "hybrid", "auto")
-    plan = planner.make_plan(target_fp, drafter_fp, ram_budget=ram_budget, n_ctx=n_ctx, suffix=uses_suffix,
+    target = model_file(target_path)
+    kind = kind_of(draft) if draft is not None else None
+    dpath = _optional_drafter(draft, draft_model, target.fingerprint, store) if kind else None
+    drafter_fp = model_file(dpath).footprint if dpath else None
+    uses_suffix = kind is not None and kind.suffix
+    plan = planner.make_plan(target.footprint, drafter_fp, ram_budget=ram_budget, n_ctx=n_ctx, suffix=uses_suffix,
                              draft_max=draft_max, draft_tree=draft_tree, threads=threads)
     notes = []
     # The drafter model may be loaded only where the plan counted it.
@@ -77,7 +72,7 @@ def placement(target_path: str, store: ModelStore, ram_budget: int, n_ctx: int, 
                                use_mlock=plan.use_mlock, repack=plan.repack)
     context_params = ContextParams(n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
                                    n_seq_max=max(plan.n_seq_max, n_seq_max), n_threads=plan.threads,
-                                   kv_type=plan.kv_type, flash_attn=True if plan.flash_attn else None)
+                                   kv_type=plan.kv_type, flash_attn=plan.flash_attn)
     draft_model_params = None
     if plan.drafter_placement != "none" and drafter_fp is not None:
         draft_model_params = ModelParams(n_gpu_layers=plan.drafter_n_gpu_layers, use_mmap=plan.drafter_use_mmap)

@@ -10,10 +10,6 @@ import threading
 import psutil
 
 
-def current_rss() -> int:
-    return psutil.Process().memory_info().rss
-
-
 class PeakRSS:
     """Context manager that records the largest RSS seen while it is open."""
 

@@ -2,7 +2,7 @@
 
 Each step it asks the suffix drafter for its tree (microseconds), prices every prefix of it
 and a model-drafted chain of every length with the calibrated cost model and the running
-acceptance estimates (edgespec.policy), and hands the verifier the winner: a suffix prefix,
+acceptance estimates (edgespec.drafters.auto.policy), and hands the verifier the winner: a suffix prefix,
 a model chain, or nothing (a plain step). The draft's ``source`` records the decision, so the
 per-drafter split of the stats counts the steps of each mode.
 
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edgespec.draft import DraftTree
-from edgespec.policy import CostModel, DepthAcceptance, TreeDepthCalibration, best_chain_length, best_tree_prefix
-from edgespec.verify import _prefix
+from edgespec.spec.tree import DraftTree
+from edgespec.drafters.auto.policy import CostModel, DepthAcceptance, TreeDepthCalibration, best_chain_length, best_tree_prefix
 
 NAME = "auto"
 MATCH_CLASSES = (1, 4, 12)  # lower bounds of the match-length classes
@@ -45,6 +44,8 @@ class AutoDrafter:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
+        # A step of an earlier request that raised before observe() was never verified.
+        self._offered = self._chosen = None
         self.suffix.begin(prompt, sampling=sampling, rng=rng)
         if self.model is not None:
             self.model.begin(prompt, sampling=sampling, rng=rng)
@@ -72,7 +73,7 @@ class AutoDrafter:
         if k and model_rate > suffix_rate:
             draft = self._model_draft(context, k)
         elif m:
-            draft = _prefix(offered, m)
+            draft = offered.prefix(m)
         else:
             draft = DraftTree.empty("none")
         self._chosen = draft
@@ -80,13 +81,13 @@ class AutoDrafter:
         return draft
 
     def _suffix_path_probs(self, offered: DraftTree) -> list[float]:
-        scores = offered.meta.get("scores")
+        scores = offered.scores
         if scores is None or len(offered) == 0:
             return []
         return self._calibration(offered).path_probs(offered.parents.tolist(), scores.tolist())
 
     def _calibration(self, offered: DraftTree):
-        return self.suffix_calibration[match_class(offered.meta.get("match_len", 0))]
+        return self.suffix_calibration[match_class(offered.match_len)]
 
     def _model_choice(self, budget: int) -> tuple[int, float]:
         if self.model is None:
@@ -102,9 +103,7 @@ class AutoDrafter:
         return k, rate
 
     def _model_draft(self, context: Sequence[int], k: int) -> DraftTree:
-        draft = self.model.propose(context, k)
-        return DraftTree(draft.tokens, draft.parents, draft.q_ids, draft.q_probs, source="model",
-                         meta=draft.meta)
+        return self.model.propose(context, k).relabel("model")
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, emitted: Sequence[int]) -> None:
@@ -112,7 +111,7 @@ class AutoDrafter:
         if chosen is not None and chosen.source == "model":
             accepted = len(emitted) - 1
             self.model_acceptance.update(len(chosen), accepted)
-        scores = offered.meta.get("scores") if offered is not None else None
+        scores = offered.scores if offered is not None else None
         if scores is not None and len(offered) and len(emitted):
             # The emitted tokens are the target's own continuation, whichever draft was
             # verified: they grade the offered suffix tree as deep as they reach, for free.

@@ -17,10 +17,13 @@ cache); ``parents[i] < i``. Siblings appear in the order they were drawn. For dr
 from a model, ``q_ids[i]`` / ``q_probs[i]`` give the sparse draft distribution at node ``i``'s
 parent from which node ``i`` and its siblings were drawn (identical for all siblings), which
 exact rejection sampling needs; deterministic drafts (suffix, greedy trees) leave them None.
+``scores[i]`` is the drafter's own estimate of the probability that the target reaches node
+``i`` (suffix: product of continuation frequencies; model tree: product of draft
+probabilities), and ``match_len`` the length of the suffix match a suffix draft continues.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,7 +35,8 @@ class DraftTree:
     q_ids: tuple[np.ndarray, ...] | None = None  # per node: ids of the draft distribution
     q_probs: tuple[np.ndarray, ...] | None = None  # per node: probabilities over q_ids (sum 1)
     source: str = ""  # drafter name, for stats
-    meta: dict = field(default_factory=dict)
+    scores: np.ndarray | None = None  # [n] float64 estimated probability of reaching each node
+    match_len: int = 0  # suffix drafts: tokens of context matched in the index
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -45,10 +49,12 @@ class DraftTree:
             raise ValueError("q_ids and q_probs go together")
         if self.q_ids is not None and (len(self.q_ids) != n or len(self.q_probs) != n):
             raise ValueError("one draft distribution per node")
+        if self.scores is not None and len(self.scores) != n:
+            raise ValueError("one score per node")
 
     @classmethod
-    def empty(cls, source: str = "") -> "DraftTree":
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), source=source)
+    def empty(cls, source: str = "", match_len: int = 0) -> "DraftTree":
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), source=source, match_len=match_len)
 
     @classmethod
     def chain(cls, tokens, source: str = "", q_ids=None, q_probs=None) -> "DraftTree":
@@ -57,6 +63,16 @@ class DraftTree:
         return cls(np.asarray(tokens, np.int64), np.arange(-1, n - 1, dtype=np.int64),
                    None if q_ids is None else tuple(q_ids),
                    None if q_probs is None else tuple(q_probs), source=source)
+
+    def prefix(self, n: int) -> "DraftTree":
+        """The first ``n`` nodes: a valid tree, since nodes are in topological order."""
+        cut = lambda xs: None if xs is None else xs[:n]  # noqa: E731
+        return DraftTree(self.tokens[:n], self.parents[:n], cut(self.q_ids), cut(self.q_probs),
+                         self.source, cut(self.scores), self.match_len)
+
+    def relabel(self, source: str) -> "DraftTree":
+        """The same draft credited to another drafter in the stats."""
+        return replace(self, source=source)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -69,7 +69,7 @@ class Manifest:
         size: the exact size of the assembled file, in bytes.
         sha256: the lowercase hex sha256 of the assembled file.
         description: a human-readable one-liner.
-        tokenizer_fingerprint: the fingerprint ``edgespec.gguf`` computes, when known.
+        tokenizer_fingerprint: the fingerprint ``edgespec.files.gguf`` computes, when known.
         parts: the chunks, in file order.
     """
 

@@ -1,7 +1,9 @@
 """Typed records the library yields while generating; the CLI and server only consume them."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+
+from edgespec.spec.stats import SpecStats
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class GenerationStats:
     ttft_s: float = 0.0  # request start to first token
     peak_rss_bytes: int = 0
     finish_reason: str = ""
-    extra: dict = field(default_factory=dict)
+    spec: SpecStats | None = None  # None: the request ran plain decoding
 
     @property
     def prompt_tokens_per_s(self) -> float:
@@ -44,7 +46,9 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(d.pop("extra"))
+        d.pop("spec")
+        if self.spec is not None:
+            d.update(self.spec.to_dict())
         d["prompt_tokens_per_s"] = self.prompt_tokens_per_s
         d["tokens_per_s"] = self.tokens_per_s
         return d

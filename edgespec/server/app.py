@@ -38,9 +38,9 @@ from starlette.routing import Route
 
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidRequest, QueueFull
-from edgespec.events import DoneEvent, TokenEvent
-from edgespec.generate import GenerationRequest
-from edgespec.sampling import SamplingParams
+from edgespec.decode.events import DoneEvent, TokenEvent
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +125,10 @@ class Metrics:
             self.generation_s += st.gen_s
             if st.tokens_per_s > 0:
                 self.last_tokens_per_s = st.tokens_per_s
-            for name, d in (st.extra.get("by_drafter") or {}).items():
+            for name, d in (st.spec.by_drafter if st.spec else {}).items():
                 tot = self.drafters.setdefault(name, {"steps": 0, "drafted": 0, "accepted": 0})
                 for k in tot:
-                    tot[k] += int(d.get(k, 0))
+                    tot[k] += getattr(d, k)
 
     def render(self, engine: Engine | None, model_id: str) -> str:
         """Prometheus text exposition format (version 0.0.4)."""
@@ -572,7 +572,8 @@ def _usage(done: DoneEvent) -> dict:
 
 
 def _edgespec_stats(done: DoneEvent) -> dict:
-    st, spec = done.stats, done.stats.extra
+    st = done.stats
+    spec = st.spec.to_dict() if st.spec is not None else {}
     return {
         "mode": spec.get("mode", "plain"),
         "steps": spec.get("steps", 0),

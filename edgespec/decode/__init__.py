@@ -1,0 +1,1 @@
+"""Decoding: sampling, the request loop, output and detokenization, events, chat templates."""

@@ -1,0 +1,143 @@
+"""The one owner of a context's KV cache: which tokens sequence 0 holds, and every edit to it.
+
+``KVSequence`` keeps the token mirror and the cache together. Plain decoding appends one token
+at a time; prefill keeps the longest common prefix with what the cache holds and evaluates the
+rest; a speculative step decodes pending + a draft tree in one batch (``verify``), then either
+``commit``s the accepted path or, if anything raises in between, ``rollback`` restores the cache
+to the mirror, so the next request starts from a cache equal to a fresh prefill.
+
+Tree layout of a verification (see edgespec.spec.verify): the context sits at positions
+0..L-1 of sequence 0, pending at L, draft node i at L + depth(i); every root-to-leaf path gets
+its own sequence id 1..k, into which the context is shared first.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from edgespec.decode.tokens import fast_common_prefix
+from edgespec.spec.tree import DraftTree
+from edgespec.spec.verify import is_chain, path_layout
+
+SEQ_MAIN = 0
+Rows = Callable[[int], np.ndarray]  # row(r) -> [n_vocab] logits
+
+
+class KVSequence:
+    """Sequence 0 of one context: ``tokens`` are the KV entries at positions 0..len-1."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.tokens: list[int] = []
+        self._paths = 0  # path sequences holding uncommitted cells
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_paths(self) -> int:
+        """Root-to-leaf paths a verified tree may have (one sequence id each)."""
+        return self.ctx.n_seq_max - 1
+
+    # -- plain edits ----------------------------------------------------------------------------
+    def sync(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Brings the cache to exactly ``tokens`` (non-empty) and returns the last row's logits.
+
+        Returns:
+            (logits [n_vocab], tokens kept from the cache). The last token is always evaluated
+            again: its logits are not kept.
+        """
+        keep = min(fast_common_prefix(self.tokens, tokens), len(tokens) - 1)
+        self.trim(keep)
+        logits = None
+        n_batch = self.ctx.n_batch
+        for start in range(keep, len(tokens), n_batch):
+            chunk = list(tokens[start:start + n_batch])
+            last = start + len(chunk) == len(tokens)
+            out = self.ctx.decode(chunk, range(start, start + len(chunk)), [[SEQ_MAIN]] * len(chunk),
+                                  [last and i == len(chunk) - 1 for i in range(len(chunk))])
+            self.tokens.extend(chunk)
+            if last:
+                logits = out[0]
+        return logits, keep
+
+    def append(self, token: int) -> np.ndarray:
+        """Appends one token and returns the logits after it."""
+        logits = self.ctx.decode([token], [len(self.tokens)], [[SEQ_MAIN]], [True])[0]
+        self.tokens.append(int(token))
+        return logits
+
+    def trim(self, n: int) -> None:
+        """Keeps the first ``n`` tokens."""
+        self.ctx.seq_rm(SEQ_MAIN, n, -1)
+        del self.tokens[n:]
+
+    def clear(self) -> None:
+        self.ctx.clear()
+        self.tokens = []
+        self._paths = 0
+
+    def rollback(self) -> None:
+        """Drops every cell that is not in the mirror: path sequences and sequence 0's tail."""
+        for seq in range(1, self._paths + 1):
+            self.ctx.seq_rm(seq, -1, -1)
+        self._paths = 0
+        self.ctx.seq_rm(SEQ_MAIN, len(self.tokens), -1)
+
+    # -- speculative steps ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def verifying(self, pending: int, draft: DraftTree) -> Iterator["Verification"]:
+        """Decodes pending + ``draft`` in ONE batch; the block must ``commit`` a path.
+
+        Whatever happens in the block, the cache afterwards matches ``tokens``: committed, or
+        rolled back when the block raised (or returned without committing).
+        """
+        verification = Verification(self, pending, draft)
+        try:
+            verification.rows = self._decode_tree(pending, draft)
+            yield verification
+        finally:
+            if not verification.committed:
+                self.rollback()
+
+    def _decode_tree(self, pending: int, draft: DraftTree) -> Rows:
+        n, base = len(draft), len(self.tokens)
+        positions = [base] + [base + int(d) for d in draft.depth()]
+        tokens = [pending] + [int(t) for t in draft.tokens]
+        if n == 0 or is_chain(draft):
+            seqs = [[SEQ_MAIN]] * (n + 1)
+        else:
+            leaves, node_paths = path_layout(draft)
+            if len(leaves) > self.max_paths:
+                raise ValueError(f"draft has {len(leaves)} paths; the context allows {self.max_paths}")
+            self._paths = len(leaves)
+            for seq in range(1, len(leaves) + 1):
+                self.ctx.seq_cp(SEQ_MAIN, seq, 0, base)  # the context is visible from every path
+            seqs = [list(range(1, len(leaves) + 1))] + node_paths
+        return self.ctx.decode_rows(tokens, positions, seqs, [True] * (n + 1))
+
+    def _commit(self, pending: int, draft: DraftTree, path: Sequence[int]) -> None:
+        base = len(self.tokens)
+        keep_until = base + 1 + len(path)
+        if self._paths:
+            _, node_paths = path_layout(draft)
+            seq = node_paths[path[-1]][0] if path else 1
+            self.ctx.seq_cp(seq, SEQ_MAIN, base, keep_until)
+        self.tokens.extend([pending] + [int(draft.tokens[i]) for i in path])
+        self.rollback()  # frees the path sequences and anything past the accepted path
+
+
+class Verification:
+    """One verified draft: ``rows(r)`` gives the target's logits, ``commit`` keeps a path."""
+
+    def __init__(self, seq: KVSequence, pending: int, draft: DraftTree):
+        self._seq, self.pending, self.draft = seq, pending, draft
+        self.rows: Rows | None = None
+        self.committed = False
+
+    def commit(self, path: Sequence[int]) -> None:
+        """Keeps pending + the accepted ``path`` (node indices from the root) in sequence 0."""
+        self._seq._commit(self.pending, self.draft, path)
+        self.committed = True

@@ -1,0 +1,1 @@
+"""Model files: the GGUF reader and validator, vocabularies, the store and its manifests."""

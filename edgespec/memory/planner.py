@@ -1,0 +1,478 @@
+"""The plan search: where every part goes within a RAM and a VRAM budget, and why.
+
+:func:`make_plan` enumerates candidate placements (resident or file-backed weights, repacking,
+KV cache type, micro-batch, context, drafter placement, suffix history cap), sizes each with
+edgespec.memory.footprint, keeps those that fit, and picks the best by the ranking in
+``RANKING``; edgespec.memory.explain states the reason for every choice. When nothing fits it
+raises :class:`~edgespec.errors.BudgetExceeded` with the smallest budget that would work.
+GPU figures are estimates (see edgespec.memory.footprint).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from itertools import product
+
+from edgespec.drafters.model import ModelDrafter
+from edgespec.drafters.suffix import BYTES_PER_TOKEN as SUFFIX_BYTES_PER_TOKEN
+from edgespec.drafters.suffix import DEFAULT_HISTORY_TOKENS as SUFFIX_DEFAULT_CAP
+from edgespec.errors import BudgetExceeded, InvalidRequest
+from edgespec.llama.kernels import KV_CACHE_TYPES, default_flash_attn, resolved_flash_attn
+from edgespec.memory.footprint import (ENGINE_N_BATCH, MiB, ContextFootprint, ModelFootprint,
+                                       estimate_context, estimate_model)
+from edgespec.memory.machine import (GPUDevice, MachineInfo, default_ram_budget, default_threads,
+                                     default_vram_budget, machine)
+from edgespec.units import format_bytes, parse_bytes
+
+# The planner's public surface includes the footprint and machine types it plans with.
+__all__ = ["RANKING", "ContextFootprint", "Decision", "GPUDevice", "MachineInfo", "ModelFootprint", "Part",
+           "Plan", "default_ram_budget", "default_threads", "default_vram_budget", "estimate_context",
+           "estimate_model", "fmt_bytes", "machine", "make_plan", "parse_budget"]
+
+UBATCH_CHOICES = (512, 256, 128, 64)
+DEFAULT_CTX = 4096              # EngineConfig.n_ctx
+PROCESS_BASE_BYTES = 64 * MiB   # Python, numpy, llama.cpp libraries before any model (CLI: ~51)
+GPU_RUNTIME_BYTES = 256 * MiB   # CUDA/Metal context and library workspaces (assumed)
+
+SUFFIX_CAPS = (SUFFIX_DEFAULT_CAP, 1 << 16, 1 << 14)  # history caps tried, largest first
+
+
+@dataclass(frozen=True)
+class Weight:
+    cost: float
+    why: str
+
+
+# The plan search keeps every candidate that fits and picks the one with the lowest sum of
+# these weights (ties: least RAM). Their order is what matters: each says what a user loses.
+RANKING = {
+    "file_backed": Weight(1000, "weights re-read from storage every token: decoding is storage-bound, "
+                                "far slower than any resident plan, so only when nothing resident fits"),
+    "cpu_layers": Weight(200, "times the fraction of target layers left on the CPU: a GPU layer decodes "
+                              "an order of magnitude faster, worth more than any cache or batch setting"),
+    "kv_q4_0": Weight(40, "4-bit cache: visible quality loss on long contexts; before giving up the drafter"),
+    "ctx_halving": Weight(30, "per halving of the default context: the user's prompts may no longer fit"),
+    "no_drafter_model": Weight(25, "the drafter model's speed-up on free text is lost (suffix drafts remain)"),
+    "ubatch_64": Weight(12, "prefill in micro-batches of 64: several times slower prompt evaluation"),
+    "kv_q8_0": Weight(10, "8-bit cache: near-lossless, but changes greedy answers at near-ties"),
+    "ubatch_128": Weight(5, "prefill in micro-batches of 128"),
+    "no_repack": Weight(3, "the interleaved CPU kernels are lost: decoding 10-15% slower"),
+    "ubatch_256": Weight(2, "prefill in micro-batches of 256: slightly slower prompt evaluation"),
+    "drafter_cpu_beside_gpu": Weight(1, "drafter on the CPU while the GPU has the target: drafts cost more"),
+    "suffix_cap_step": Weight(1, "per step down of the suffix history cap: fewer earlier requests to copy from"),
+}
+
+fmt_bytes = format_bytes  # the planner's explanations use the one byte formatter
+parse_budget = parse_bytes
+
+# =============================================================================================
+# Plans
+# =============================================================================================
+
+@dataclass(frozen=True)
+class Part:
+    """One line of a plan: what, where, how many bytes, and why."""
+
+    component: str
+    where: str                # "RAM", "GPU0", "file" (page cache, outside the budget), "-"
+    bytes: int
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    name: str
+    value: object
+    why: str
+
+
+@dataclass
+class Plan:
+    """A placement of the target (and drafters) within the budgets, with its reasons."""
+
+    target: str
+    drafter: str | None
+    n_ctx: int
+    n_ctx_train: int
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    kv_type: str
+    flash_attn: bool
+    n_gpu_layers: int
+    weights_mode: str              # "resident" | "file-backed"
+    use_mmap: bool
+    repack: bool
+    use_mlock: bool
+    drafter_placement: str         # "gpu" | "cpu" | "none"
+    drafter_n_gpu_layers: int
+    drafter_use_mmap: bool
+    suffix_drafter: bool
+    suffix_cap_tokens: int
+    threads: int
+    threads_batch: int
+    ram_budget: int
+    vram_budget: int
+    ram_bytes: int                 # planned resident RAM (parts on "RAM" summed)
+    vram_bytes: int
+    file_backed_bytes: int         # weights left in the mapped file (not resident)
+    parts: list[Part] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    llama_cpp_reports: dict = field(default_factory=dict)  # what llama.cpp's log will say
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"{d.name}: {d.value} - {d.why}" for d in self.decisions]
+
+    def engine_settings(self) -> dict:
+        """What the engine should be configured with (some knobs are not wired yet)."""
+        return {
+            "n_ctx": self.n_ctx, "n_threads": self.threads, "n_gpu_layers": self.n_gpu_layers,
+            "use_mmap": self.use_mmap, "use_mlock": self.use_mlock,
+            "draft": ("hybrid" if self.suffix_drafter else "model") if self.drafter_placement != "none"
+            else ("suffix" if self.suffix_drafter else "none"),
+            "draft_model": self.drafter if self.drafter_placement != "none" else None,
+            # not in EngineConfig / ContextParams / ModelParams yet:
+            "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_type": self.kv_type,
+            "type_k": KV_CACHE_TYPES[self.kv_type].ggml_id, "type_v": KV_CACHE_TYPES[self.kv_type].ggml_id,
+            "flash_attn": self.flash_attn, "repack": self.repack, "weights_mode": self.weights_mode,
+            "drafter_n_gpu_layers": self.drafter_n_gpu_layers, "drafter_use_mmap": self.drafter_use_mmap,
+            "suffix_max_history_tokens": self.suffix_cap_tokens,
+        }
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("parts", "decisions")}
+        d["parts"] = [asdict(p) for p in self.parts]
+        d["decisions"] = [{"name": x.name, "value": x.value, "why": x.why} for x in self.decisions]
+        d["reasons"] = self.reasons
+        d["engine"] = self.engine_settings()
+        return d
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    resident: bool
+    repack: bool
+    kv_type: str
+    n_ubatch: int
+    n_ctx: int
+    drafter: str          # "gpu" | "cpu" | "none"
+    suffix_cap: int       # 0: no suffix drafter
+
+
+@dataclass
+class _Eval:
+    cfg: _Cfg
+    fits: bool
+    ram: int
+    vram: int
+    penalty: float
+    parts: list[Part]
+    ngl: int
+    drafter_ngl: int
+    use_mmap: bool
+    drafter_mmap: bool
+    repack_active: bool
+    target_ctx: ContextFootprint
+    drafter_ctx: ContextFootprint | None
+    repack_bytes: int
+    file_bytes: int
+
+
+class _Planner:
+    def __init__(self, target: ModelFootprint, drafter: ModelFootprint | None, m: MachineInfo,
+                 ram_budget: int, vram_budget: int, suffix: bool, draft_max: int, draft_tree: bool,
+                 mmap: bool | None, repack: bool | None):
+        self.t, self.d, self.m = target, drafter, m
+        self.ram_budget, self.vram_budget = ram_budget, vram_budget
+        self.suffix, self.draft_max, self.draft_tree = suffix, draft_max, draft_tree
+        self.force_mmap, self.force_repack = mmap, repack
+        self.gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0
+        self.feats = m.cpu_features
+        self._repack_memo: dict[tuple, int] = {}
+
+    def _repack(self, fp: ModelFootprint, n_cpu_blocks: int, head: bool) -> int:
+        k = (id(fp), n_cpu_blocks, head)
+        if k not in self._repack_memo:
+            self._repack_memo[k] = fp.repack_bytes(self.feats, range(n_cpu_blocks), head=head)
+        return self._repack_memo[k]
+
+    # -- pieces -------------------------------------------------------------------------------
+    def _drafting(self, cfg: _Cfg) -> bool:
+        return cfg.suffix_cap > 0 or cfg.drafter != "none"
+
+    def flash_attn(self, cfg: _Cfg) -> bool:
+        """The attention kernel the engine will build for this candidate (asked, not copied)."""
+        return resolved_flash_attn(default_flash_attn(self.gpu and cfg.resident, cfg.kv_type))
+
+    def _target_ctx(self, cfg: _Cfg) -> ContextFootprint:
+        drafting = self._drafting(cfg)
+        return estimate_context(self.t, cfg.n_ctx, cfg.n_ubatch, 1 + self.draft_max if drafting else 1,
+                                cfg.kv_type, self.flash_attn(cfg), n_outputs=self.draft_max + 1 if drafting else 1)
+
+    def _drafter_ctx(self, cfg: _Cfg) -> ContextFootprint:
+        """The context ModelDrafter declares it builds (its own cache type and micro-batch)."""
+        p = ModelDrafter.context_params(cfg.n_ctx)
+        rows = ModelDrafter.TREE_ROUND if self.draft_tree else 1
+        return estimate_context(self.d, p.n_ctx, p.n_ubatch, p.n_seq_max, p.kv_type,
+                                resolved_flash_attn(p.flash_attn), n_batch=p.n_batch, n_outputs=rows)
+
+    def _gpu_need(self, fp: ModelFootprint, cf: ContextFootprint, k: int, runtime: bool) -> int:
+        """VRAM for ``n_gpu_layers = k``: head + last k-1 blocks, their KV, compute buffer."""
+        if k <= 0:
+            return 0
+        blocks = range(fp.n_layer - min(k - 1, fp.n_layer), fp.n_layer)
+        weights = fp.head_bytes + sum(fp.layer_bytes[i] for i in blocks)
+        kv = cf.n_cells * fp.kv_bytes_per_token(cf.kv_type, blocks)
+        compute = 4 * cf.n_outputs * (fp.n_vocab + 2 * fp.n_embd)
+        if len(blocks):
+            compute = max(compute, cf.compute_layer)
+        return weights + kv + compute + (GPU_RUNTIME_BYTES if runtime else 0)
+
+    def _model_ram(self, fp: ModelFootprint, cf: ContextFootprint, k: int, resident: bool,
+                   repack: bool, label: str) -> tuple[list[Part], bool, bool, int, int]:
+        """RAM parts of one model with k layers on the GPU; returns parts, mmap, repack, repack bytes,
+        file-backed bytes."""
+        n_cpu_blocks = fp.n_layer - min(max(k - 1, 0), fp.n_layer)
+        cpu_blocks = range(n_cpu_blocks)
+        head_on_cpu = k == 0
+        cpu_weights = fp.embd_bytes + fp.other_bytes + sum(fp.layer_bytes[i] for i in cpu_blocks) \
+            + (fp.output_bytes if head_on_cpu else 0)
+        parts: list[Part] = []
+        file_bytes = 0
+        rp = self._repack(fp, n_cpu_blocks, head_on_cpu) if repack and resident else 0
+        if resident:
+            if self.force_mmap is not None:
+                use_mmap = self.force_mmap and self.m.mmap_supported
+            else:
+                use_mmap = self.m.mmap_supported and rp == 0
+            if use_mmap:
+                parts.append(Part(f"{label} weights", "RAM", cpu_weights,
+                                  "mapped from the file, all pages resident"))
+                if rp:
+                    parts.append(Part(f"{label} repacked weights", "RAM", rp,
+                                      "CPU_REPACK copy for the interleaved kernels; the mapped originals stay resident too"))
+            else:
+                parts.append(Part(f"{label} weights", "RAM", cpu_weights - rp,
+                                  "read into memory (full load)" if rp else "read into memory (no mmap)"))
+                if rp:
+                    parts.append(Part(f"{label} repacked weights", "RAM", rp,
+                                      "read straight into the CPU_REPACK buffer (no second copy without mmap)"))
+        else:
+            use_mmap = True
+            row = fp.embd_bytes // max(fp.n_vocab, 1)
+            head = fp.head_bytes if head_on_cpu else 0
+            embd_rows = 0 if (fp.tied_output and head_on_cpu) else min(fp.embd_bytes, 2 * cf.n_ubatch * row)
+            max_block = max((fp.layer_bytes[i] for i in cpu_blocks), default=0)
+            ws = 2 * max_block + head + embd_rows + fp.other_bytes
+            parts.append(Part(f"{label} weights (working set)", "RAM", ws,
+                              f"2 x largest layer ({fmt_bytes(max_block)}) + output head ({fmt_bytes(head)})"
+                              " + embedding rows of one batch; dropped from memory layer by layer"))
+            file_bytes = cpu_weights
+            parts.append(Part(f"{label} weights (in the file)", "file", cpu_weights,
+                              "stay in the mapped file, read again each token (page cache, not budgeted)"))
+        parts.append(Part(f"{label} vocabulary & metadata", "RAM", fp.runtime_bytes,
+                          f"{fp.n_vocab} tokens, {fp.n_merges} merges"))
+        cpu_kv = cf.n_cells * fp.kv_bytes_per_token(cf.kv_type, cpu_blocks)
+        parts.append(Part(f"{label} KV cache", "RAM", cpu_kv,
+                          f"{cf.kv_type}, {cf.n_cells} cells x {n_cpu_blocks} layers"))
+        if k == 0:
+            compute = cf.compute_bytes
+        elif n_cpu_blocks:
+            compute = cf.compute_layer
+        else:
+            compute = 8 * cf.n_ubatch * fp.n_embd  # the input embeddings only
+        parts.append(Part(f"{label} compute buffer", "RAM", compute,
+                          f"n_ubatch {cf.n_ubatch}; llama.cpp reserves {fmt_bytes(cf.compute_reserved)}"
+                          f" for {cf.n_outputs_max} logits rows, the engine touches this much"))
+        parts.append(Part(f"{label} work buffer", "RAM", cf.work_bytes if (k == 0 or n_cpu_blocks) else MiB,
+                          "quantized activations for the CPU kernels"))
+        parts.append(Part(f"{label} logits buffer", "RAM", cf.output_bytes,
+                          f"{max(cf.n_seq, cf.n_outputs)} rows x {fp.n_vocab} floats"))
+        return parts, use_mmap, bool(rp), rp, file_bytes
+
+    # -- one configuration ----------------------------------------------------------------------
+    def evaluate(self, cfg: _Cfg) -> _Eval:
+        t = self.t
+        tc = self._target_ctx(cfg)
+        parts: list[Part] = [Part("process (Python, libraries)", "RAM", PROCESS_BASE_BYTES, "baseline")]
+        # Target layers on the GPU: as many as the VRAM budget holds (head first, then the last
+        # blocks, as llama.cpp assigns them).
+        ngl = 0
+        if self.gpu and cfg.resident:
+            for k in range(t.n_layer + 1, 0, -1):
+                if self._gpu_need(t, tc, k, True) <= self.vram_budget:
+                    ngl = k
+                    break
+        vram = self._gpu_need(t, tc, ngl, True)
+        gname = self.m.gpus[0].name if self.m.gpus else "GPU"
+        if ngl:
+            parts.append(Part("target layers on GPU", gname, vram,
+                              f"{ngl}/{t.n_layer + 1} layers (head + {ngl - 1} blocks) with their KV cache "
+                              f"and compute buffer, + {fmt_bytes(GPU_RUNTIME_BYTES)} runtime"))
+        tparts, use_mmap, rp_on, rp_bytes, file_bytes = self._model_ram(
+            t, tc, ngl, cfg.resident, cfg.repack, "target")
+        parts += tparts
+        dc = None
+        dngl = 0
+        d_mmap = False
+        if cfg.drafter != "none" and self.d is not None:
+            dc = self._drafter_ctx(cfg)
+            if cfg.drafter == "gpu":
+                dngl = self.d.n_layer + 1
+                dv = self._gpu_need(self.d, dc, dngl, False)
+                vram += dv
+                parts.append(Part("drafter on GPU", gname, dv, "all layers, KV cache and compute buffer"))
+            dparts, d_mmap, _, _, _ = self._model_ram(self.d, dc, dngl, True, cfg.repack, "drafter")
+            parts += dparts
+        if cfg.suffix_cap:
+            parts.append(Part("suffix index", "RAM", SUFFIX_BYTES_PER_TOKEN * (cfg.suffix_cap + cfg.n_ctx),
+                              f"history cap {cfg.suffix_cap} tokens + the current context, "
+                              f"~{SUFFIX_BYTES_PER_TOKEN} B/token"))
+        ram = sum(p.bytes for p in parts if p.where == "RAM")
+        if self.m.unified_memory:
+            ram += vram  # one pool: GPU allocations come out of the same RAM
+        fits = ram <= self.ram_budget and vram <= max(self.vram_budget, 0)
+        if cfg.drafter == "gpu" and ngl < t.n_layer + 1:
+            fits = False  # the drafter gets the GPU only once the whole target is there
+        penalty = self._penalty(cfg, ngl)
+        return _Eval(cfg, fits, ram, vram, penalty, parts, ngl, dngl, use_mmap, d_mmap, rp_on, tc, dc,
+                     rp_bytes, file_bytes)
+
+    def _penalty(self, cfg: _Cfg, ngl: int) -> float:
+        """The candidate's cost under RANKING: the sum of the weights of what it gives up."""
+        w = {k: v.cost for k, v in RANKING.items()}
+        p = 0.0 if cfg.resident else w["file_backed"]
+        p += {"f16": 0.0, "q8_0": w["kv_q8_0"], "q4_0": w["kv_q4_0"]}[cfg.kv_type]
+        p += {512: 0.0, 256: w["ubatch_256"], 128: w["ubatch_128"]}.get(cfg.n_ubatch, w["ubatch_64"])
+        if self.d is not None:
+            p += {"gpu": 0.0, "cpu": w["drafter_cpu_beside_gpu"] if self.gpu else 0.0,
+                  "none": w["no_drafter_model"]}[cfg.drafter]
+        if cfg.suffix_cap:
+            p += w["suffix_cap_step"] * SUFFIX_CAPS.index(cfg.suffix_cap)
+        if not cfg.repack and self._repack(self.t, self.t.n_layer, True):
+            p += w["no_repack"]
+        if self.gpu:
+            p += w["cpu_layers"] * (1 - ngl / (self.t.n_layer + 1))
+        return p
+
+
+def _ctx_options(n_ctx: int | None, n_ctx_train: int) -> list[int]:
+    if n_ctx is not None:
+        return [n_ctx]
+    top = min(DEFAULT_CTX, n_ctx_train) if n_ctx_train else DEFAULT_CTX
+    out = [top]
+    while out[-1] // 2 >= 512:
+        out.append(out[-1] // 2)
+    return out
+
+
+def _describe(cfg: _Cfg, has_drafter: bool) -> str:
+    bits = ["resident weights" if cfg.resident else "file-backed weights", f"{cfg.kv_type} KV cache",
+            f"n_ubatch {cfg.n_ubatch}"]
+    if has_drafter:
+        bits.append("no model drafter" if cfg.drafter == "none" else f"drafter on {cfg.drafter.upper()}")
+    if cfg.suffix_cap:
+        bits.append(f"suffix cap {cfg.suffix_cap} tokens")
+    return ", ".join(bits)
+
+
+def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram_budget: int | None = None,
+              vram_budget: int | None = None, n_ctx: int | None = None, *, machine_info: MachineInfo | None = None,
+              suffix: bool = True, draft_max: int = 32, draft_tree: bool = False, mlock: bool = False,
+              kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
+              repack: bool | None = None, threads: int | None = None) -> Plan:
+    """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
+
+    Args:
+        target, drafter: footprints from :func:`estimate_model`; ``drafter=None``: no model drafter.
+        ram_budget, vram_budget: bytes; None: what is available minus a margin.
+        n_ctx: context tokens; None: the engine default (4096, at most the trained context),
+            halved while it does not fit (down to 512).
+        suffix: whether the suffix drafter runs (budgets its index).
+        kv_type, n_ubatch, mmap, repack: force a choice instead of letting the planner pick.
+        mlock: lock the weights in RAM (only when possible; otherwise stated and off).
+    Raises:
+        InvalidRequest: a context above the trained context, or out-of-range arguments.
+        BudgetExceeded: no placement fits; the message names the smallest budget that would.
+    """
+    m = machine_info or machine()
+    if n_ctx is not None:
+        if n_ctx < 16:
+            raise InvalidRequest(f"context size {n_ctx} is too small (minimum 16)")
+        if target.n_ctx_train and n_ctx > target.n_ctx_train:
+            raise InvalidRequest(f"context {n_ctx} exceeds the trained context {target.n_ctx_train} of "
+                                 f"{target.name}; use --ctx {target.n_ctx_train} or less")
+    if kv_type is not None and kv_type not in KV_CACHE_TYPES:
+        raise InvalidRequest(f"KV cache type must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_type!r}")
+    if n_ubatch is not None and not 1 <= n_ubatch <= ENGINE_N_BATCH:
+        raise InvalidRequest(f"n_ubatch must be in [1, {ENGINE_N_BATCH}], got {n_ubatch}")
+    if not 1 <= draft_max <= 64:
+        raise InvalidRequest(f"draft_max must be in [1, 64], got {draft_max}")
+    ram_given = ram_budget is not None
+    vram_given = vram_budget is not None
+    if ram_budget is None:
+        ram_budget = default_ram_budget(m)
+    if vram_budget is None:
+        vram_budget = ram_budget if m.unified_memory and m.gpus else default_vram_budget(m)
+    if ram_budget <= 0:
+        raise BudgetExceeded(f"no RAM budget: {fmt_bytes(m.ram_available)} available, less than the "
+                             "safety margin; pass --ram-budget")
+    pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, draft_max, draft_tree, mmap, repack)
+
+    can_repack = target.repack_bytes(m.cpu_features) > 0 or (
+        drafter is not None and drafter.repack_bytes(m.cpu_features) > 0)
+    repack_opts = [repack] if repack is not None else ([True, False] if can_repack else [False])
+    resident_opts = [True, False] if m.mmap_supported and mmap is not False else [True]
+    kv_opts = [kv_type] if kv_type else list(KV_CACHE_TYPES)
+    ub_opts = [n_ubatch] if n_ubatch else list(UBATCH_CHOICES)
+    ctx_opts = _ctx_options(n_ctx, target.n_ctx_train)
+    drafter_opts = (["gpu", "cpu", "none"] if pl.gpu else ["cpu", "none"]) if drafter is not None else ["none"]
+    suffix_opts = list(SUFFIX_CAPS) if suffix else [0]
+
+    evals: list[_Eval] = []
+    for resident, rp, kv, ub, ctx, dr, sc in product(resident_opts, repack_opts, kv_opts, ub_opts, ctx_opts,
+                                                     drafter_opts, suffix_opts):
+        if not resident and (rp or dr != "none"):
+            continue  # file-backed weights: no repacked copy, no drafter model
+        cfg = _Cfg(resident, rp, kv, ub, ctx, dr, sc)
+        e = pl.evaluate(cfg)
+        e.penalty += RANKING["ctx_halving"].cost * ctx_opts.index(ctx)
+        evals.append(e)
+    fitting = [e for e in evals if e.fits]
+    if not fitting:
+        msg, smallest = _refusal(pl, evals, target, drafter, n_ctx, ctx_opts, ram_given)
+        err = BudgetExceeded(msg)
+        err.smallest_budget = smallest  # bytes: the least RAM budget any plan at this context fits in
+        raise err
+    best = min(fitting, key=lambda e: (e.penalty, e.ram))
+    from edgespec.memory.explain import build_plan
+
+    return build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads)
+
+
+def _refusal(pl: _Planner, evals: list[_Eval], target: ModelFootprint, drafter: ModelFootprint | None,
+             n_ctx: int | None, ctx_opts: list[int], ram_given: bool) -> tuple[str, int]:
+    ctx = ctx_opts[0] if n_ctx is not None else ctx_opts[-1]
+    at_ctx = [e for e in evals if e.cfg.n_ctx == ctx]
+    low = min(at_ctx, key=lambda e: (e.ram, e.penalty))
+    # The largest context that the budget holds with the leanest settings.
+    lean = low.cfg
+    fit_ctx = 0
+    lo, hi = 1, ctx // 256  # in units of 256 tokens
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if pl.evaluate(replace(lean, n_ctx=mid * 256)).fits:
+            fit_ctx, lo = mid * 256, mid + 1
+        else:
+            hi = mid - 1
+    where = "--ram-budget" if ram_given else "free memory (or pass --ram-budget)"
+    msg = (f"RAM budget {fmt_bytes(pl.ram_budget)} is too small for {target.name} with a {ctx}-token context: "
+           f"the smallest plan needs {fmt_bytes(low.ram)} ({_describe(lean, drafter is not None)}); "
+           f"raise {where} to at least {fmt_bytes(low.ram)}")
+    if fit_ctx and fit_ctx < ctx:
+        msg += f" or use --ctx {fit_ctx}"
+    elif not fit_ctx:
+        smallest = pl.evaluate(replace(lean, n_ctx=256))
+        msg += f" (even --ctx 256 needs {fmt_bytes(smallest.ram)})"
+    return msg, low.ram

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible local server."""

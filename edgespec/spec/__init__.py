@@ -1,0 +1,1 @@
+"""Speculation: the draft tree, one-batch verification, acceptance math, the speculative step."""
