@@ -60,10 +60,10 @@ def llama_drafter(source):
 
 @pytest.fixture(scope="module")
 def prompts(llama_drafter) -> list[list[int]]:
-    """Two real code-edit requests, ~200 tokens each."""
+    """Two real code-edit requests, 160 tokens each."""
     lines = (REPO / "benchmarks" / "code_edit.jsonl").read_text(encoding="utf-8").splitlines()
     texts = [json.loads(line)["turns"][0] for line in lines[:2]]
-    return [llama_drafter.tokenize(t)[:200] for t in texts]
+    return [llama_drafter.tokenize(t)[:160] for t in texts]
 
 
 def _llama_logits(model: LlamaModel, tokens: list[int]) -> np.ndarray:

@@ -195,8 +195,25 @@ def decode(type_name: str, raw: np.ndarray, n: int, k: int) -> QuantWeight | np.
     return w
 
 
-def requantize4(w: np.ndarray, block: int = 32) -> QuantWeight:
-    """Round-to-nearest asymmetric 4-bit blocks of a float32 [n, k] (the `--bits 4` graphs)."""
+def requantize4(w: QuantWeight, block: int = 32, rows: int = 4096) -> QuantWeight:
+    """Round-to-nearest asymmetric 4-bit blocks of ``w``'s values (the `--bits 4` graphs).
+
+    Works ``rows`` rows at a time: the float32 values of a whole output matrix would be 4x
+    the model's own bytes.
+    """
+    parts = [_requantize4_rows(dequantize(_rows(w, r, r + rows)), block) for r in range(0, w.shape[0], rows)]
+    return QuantWeight(np.concatenate([p.q for p in parts]), np.concatenate([p.scales for p in parts]),
+                       4, block, np.concatenate([p.zeros for p in parts]))
+
+
+def _rows(w: QuantWeight, start: int, stop: int) -> QuantWeight:
+    def part(a):
+        return None if a is None else a[start:stop]
+
+    return QuantWeight(w.q[start:stop], w.scales[start:stop], w.bits, w.block, part(w.zeros), part(w.offsets))
+
+
+def _requantize4_rows(w: np.ndarray, block: int) -> QuantWeight:
     n, k = w.shape
     blocks = w.reshape(n, k // block, block)
     lo = np.minimum(blocks.min(-1), 0.0)

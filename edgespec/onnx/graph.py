@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgespec.errors import UnsupportedModel
 from edgespec.files.gguf import GGUFFile
-from edgespec.onnx.blocks import QuantWeight, decode, dequantize, pack, requantize4
+from edgespec.onnx.blocks import QuantWeight, decode, pack, requantize4
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ class _Qwen2:
     def weight(self, name: str):
         w = self.t.get(name)
         if self.bits == "4" and isinstance(w, QuantWeight) and (w.bits != 4 or w.offsets is not None):
-            return requantize4(dequantize(w))
+            return requantize4(w)
         return w
 
     def norm(self, delta: str | None, residual: str, gamma: str) -> tuple[str, str]:

@@ -131,11 +131,11 @@ class OnnxLM:
         io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
         io.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
         io.bind_cpu_input("logit_rows", rows)
+        io.bind_output("logits", "cpu")  # first: outputs come back in binding order
         for i in range(self.n_layer):
             for j, kind in enumerate(("key", "value")):
                 io.bind_ortvalue_input(f"past_{kind}.{i}", self.kv[2 * i + j])
                 io.bind_ortvalue_output(f"present_{kind}.{i}", self.kv[2 * i + j])
-        io.bind_output("logits", "cpu")
         self.session.run_with_iobinding(io)
         return io.get_outputs()[0].numpy()[0]
 

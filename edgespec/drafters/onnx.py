@@ -1,0 +1,214 @@
+"""The `onnx` drafter: the drafter model converted to ONNX, run by onnxruntime.
+
+Same life cycle and drafts as the `model` drafter (edgespec.drafters.model), on any execution
+provider onnxruntime has. Its KV buffer (edgespec.onnx.session.OnnxLM) holds ``cached``: the
+longest common prefix with each new context is kept and only the rest is decoded; rolling back
+rejected tokens is forgetting them (a shorter length), nothing is copied.
+
+* chain: greedy argmax, or a draw from the drafter's distribution under the request's sampler
+  settings with that distribution recorded (q_ids / q_probs) for exact rejection sampling;
+  stops when the top probability falls below ``min_confidence``.
+* tree (greedy): best-first expansion by cumulative probability; each round decodes its
+  frontier in ONE pass, tree node ``i`` in KV slot ``len(context) + i`` at rotary position
+  ``len(context) + depth(i) - 1``, an attention bias hiding every slot but its ancestors.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgespec.decode.sampling import SamplingParams, recent_window, sample_from, target_probs
+from edgespec.decode.tokens import fast_common_prefix
+from edgespec.onnx.session import MASKED, OnnxLM
+from edgespec.spec.tree import DraftTree
+
+log = logging.getLogger(__name__)
+
+NAME = "onnx"
+MAX_TREE_NODES = 63
+PREFILL_CHUNK = 256  # rows per pass while catching up: bounds the attention bias (S x T floats)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def tree_bias(parents: Sequence[int], base: int, nodes: Sequence[int]) -> np.ndarray:
+    """[len(nodes), base + max(nodes) + 1] bias: node rows see the context and their ancestors."""
+    bias = np.full((len(nodes), base + max(nodes) + 1), MASKED, np.float32)
+    bias[:, :base] = 0.0
+    for r, node in enumerate(nodes):
+        while node >= 0:
+            bias[r, base + node] = 0.0
+            node = parents[node]
+    return bias
+
+
+class OnnxDrafter:
+    """Drafts with a converted model on onnxruntime; see the module docstring."""
+
+    name = NAME
+
+    def __init__(self, lm: OnnxLM, tree: bool = False, min_confidence: float = 0.4, branch: int = 3,
+                 round_size: int = 4):
+        self.lm = lm
+        self.tree = tree
+        self.min_confidence = min_confidence
+        self.branch = branch
+        self.round_size = round_size
+        self.cached: list[int] = []  # tokens in KV slots 0..len-1
+        self.params = SamplingParams(temperature=0.0)
+        self.rng = np.random.default_rng()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None, rng=None) -> None:
+        self.params = sampling or SamplingParams(temperature=0.0)
+        self.rng = rng if rng is not None else np.random.default_rng()
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        pass  # the next propose() syncs the KV buffer from the context it is given
+
+    def end(self) -> None:
+        pass  # the buffer stays: the next request (chat turn) reuses its common prefix
+
+    @property
+    def nbytes(self) -> int:
+        return self.lm.nbytes
+
+    def close(self) -> None:
+        self.lm.close()
+
+    # -- decoding -----------------------------------------------------------------------------
+    def sync(self, context: Sequence[int]) -> np.ndarray:
+        """Makes the buffer hold exactly ``context``; returns the logits after its last token."""
+        keep = min(fast_common_prefix(self.cached, context), len(context) - 1)
+        del self.cached[keep:]
+        logits = None
+        for start in range(keep, len(context), PREFILL_CHUNK):
+            chunk = [int(t) for t in context[start:start + PREFILL_CHUNK]]
+            logits = self.lm.forward(chunk, range(start, start + len(chunk)), start)[0]
+            self.cached.extend(chunk)
+        return logits
+
+    def append(self, token: int) -> np.ndarray:
+        """Decodes one token after ``cached``; returns the logits after it."""
+        n = len(self.cached)
+        logits = self.lm.forward([token], [n], n)[0]
+        self.cached.append(int(token))
+        return logits
+
+    def score_tree(self, context: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                   nodes: Sequence[int] | None = None) -> np.ndarray:
+        """Logits after each of ``nodes`` (default: all) of a tree continuing ``context``, in one pass.
+
+        ``nodes`` must be consecutive and every node before them already decoded by an earlier
+        call for the same tree. The buffer keeps ``context``; tree slots are never kept.
+        """
+        nodes = list(range(len(tokens))) if nodes is None else list(nodes)
+        base = len(context)
+        if len(self.cached) != base or fast_common_prefix(self.cached, context) != base:
+            self.sync(context)
+        depth = np.zeros(len(tokens), np.int64)
+        for i, p in enumerate(parents):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        return self.lm.forward([int(tokens[n]) for n in nodes], [base + depth[n] - 1 for n in nodes],
+                               base + nodes[0], tree_bias(parents, base, nodes),
+                               rows=range(len(nodes)))
+
+    # -- drafting -----------------------------------------------------------------------------
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        if budget <= 0 or len(context) + budget + 1 >= self.lm.n_ctx:
+            return DraftTree.empty(NAME)
+        logits = self.sync(context)
+        if self.tree and self.params.greedy:
+            return self._tree(context, logits, min(budget, MAX_TREE_NODES))
+        return self._chain(context, logits, budget)
+
+    def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
+        tokens: list[int] = []
+        q_ids: list[np.ndarray] = []
+        q_probs: list[np.ndarray] = []
+        sampling = not self.params.greedy
+        for k in range(budget):
+            if sampling:
+                q = target_probs(logits, self.params, recent_window(list(context) + tokens, self.params))
+                if q.max() < self.min_confidence:
+                    break
+                ids = np.flatnonzero(q)
+                token = sample_from(q, self.rng)
+                q_ids.append(ids)
+                q_probs.append(q[ids])
+            else:
+                lp = _log_softmax(logits)
+                token = int(np.argmax(lp))
+                if np.exp(lp[token]) < self.min_confidence:
+                    break
+            tokens.append(token)
+            if k + 1 < budget:
+                logits = self.append(token)
+        return DraftTree.chain(tokens, NAME, q_ids if sampling else None, q_probs if sampling else None)
+
+    def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        heap: list[tuple[float, int, int, int]] = []  # (-logp, order, parent, token)
+        order = itertools.count()
+
+        def push_children(parent: int, parent_logp: float, row: np.ndarray) -> None:
+            lp = _log_softmax(row)
+            for t in np.argpartition(-lp, self.branch)[: self.branch]:
+                heapq.heappush(heap, (-(parent_logp + lp[t]), next(order), parent, int(t)))
+
+        push_children(-1, 0.0, logits)
+        # prune paths much less likely than a weak chain (none when min_confidence is 0)
+        min_logp = 2 * np.log(self.min_confidence) if self.min_confidence > 0 else -np.inf
+        while heap and len(tokens) < budget:
+            chosen = []
+            while heap and len(chosen) < self.round_size and len(tokens) < budget:
+                neg, _, parent, token = heapq.heappop(heap)
+                if -neg < min_logp:
+                    heap.clear()
+                    break
+                tokens.append(token)
+                parents.append(parent)
+                scores.append(-neg)
+                chosen.append(len(tokens) - 1)
+            if not chosen or len(tokens) >= budget:
+                break
+            rows = self.score_tree(context, tokens, parents, chosen)
+            for node, row in zip(chosen, rows):
+                push_children(node, scores[node], row)
+        return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
+                         scores=np.exp(np.asarray(scores, np.float64)))
+
+
+def make_onnx_drafter(target_model, store, draft_model: str | None = None, provider: str = "cpu",
+                      bits: str = "exact", tree: bool = False, n_threads: int | None = None,
+                      n_ctx: int = 4096) -> OnnxDrafter:
+    """The ONNX drafter for ``target_model`` (a LlamaModel), converting its drafter if needed.
+
+    Args:
+        draft_model: the drafter GGUF (name or path); default: the target's default drafter.
+        provider: an onnxruntime execution provider (edgespec.onnx.session.PROVIDERS).
+        bits: "exact" or "4" (see edgespec.onnx.convert).
+    Raises:
+        ModelNotFound / InvalidGGUF: the drafter GGUF cannot be found or read.
+        IncompatibleModels: its vocabulary does not match the target's.
+        UnsupportedModel / StoreError: it cannot be converted.
+    """
+    from edgespec.drafters import default_draft_model
+    from edgespec.files.gguf import read_gguf
+    from edgespec.files.vocab import check_compatible
+    from edgespec.onnx.convert import convert
+
+    source = store.resolve(draft_model or default_draft_model(target_model, store))
+    check_compatible(target_model.gguf, read_gguf(source))
+    directory = convert(store, source, bits)  # returns at once when already converted
+    return OnnxDrafter(OnnxLM(directory, provider, n_ctx=n_ctx, n_threads=n_threads), tree=tree)
