@@ -16,6 +16,7 @@ from edgespec.bench.summary import OVERALL
 from edgespec.cli import app
 from edgespec.cli import common as c
 from edgespec.errors import InvalidRequest
+from edgespec.units import parse_bytes
 
 
 def _fmt(x, spec: str) -> str:
@@ -53,6 +54,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", "-s"),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Repeat the whole run and report the spread."),
     draft_max: int = c.DRAFT_MAX,
+    recheck_gap: float = c.RECHECK_GAP,
     share_prefill: bool = typer.Option(False, "--share-prefill",
                                        help="Evaluate each prompt once for all edgespec configs."),
     ram_budget: Optional[str] = c.RAM_BUDGET,
@@ -68,8 +70,8 @@ def bench(
     items = select(load_suite(suite) if suite else load_prompts(prompts), limit)
     settings = BenchSettings(model=model, draft_model=draft_model, max_tokens=max_tokens,
                              temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
-                             draft_max=draft_max, repeats=repeat, ram_budget=c.parse_budget(ram_budget),
-                             share_prefill=share_prefill)
+                             draft_max=draft_max, repeats=repeat, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
+                             share_prefill=share_prefill, recheck_gap=recheck_gap)
     err = Console(stderr=True, highlight=False)
 
     def progress(n: int, total: int, pid: str, config: str) -> None:

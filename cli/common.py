@@ -11,7 +11,7 @@ from edgespec.engine import DEFAULT_MODEL, Engine, EngineConfig
 from edgespec.errors import InvalidRequest
 from edgespec.decode.events import GenerationStats
 from edgespec.decode.sampling import SamplingParams
-from edgespec.units import format_bytes
+from edgespec.units import format_bytes, parse_bytes
 
 # Typer options reused by several verbs; defaults follow llama.cpp's sampler defaults.
 MODEL = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name from the store or path to a .gguf file.")
@@ -31,27 +31,22 @@ DRAFT = typer.Option("auto", "--draft", "-d",
                      help="none | suffix | model | hybrid | auto, or a drafter model name/path.")
 DRAFT_MAX = typer.Option(32, "--draft-max", min=1, max=64, help="Most drafted tokens per step.")
 DRAFT_TREE = typer.Option(False, "--draft-tree", help="Model drafter: best-first tree (greedy) instead of a chain.")
+RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
+                           help="Greedy: re-decode alone any verified position whose top-2 logit gap is "
+                                "below this (batch numerics can flip such near-ties); 0: off.")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
 RAM_BUDGET = typer.Option(None, "--ram-budget",
                           help="Resident memory limit (2GiB, 2048M, bytes): the planner fits everything under it.")
 
 
-def parse_budget(value: str | None) -> int | None:
-    """--ram-budget text -> bytes (InvalidRequest with the accepted forms when it does not parse)."""
-    if value is None:
-        return None
-    from edgespec.units import parse_bytes
-
-    return parse_bytes(value)
-
-
 def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,
                         draft: str = "auto", draft_max: int = 32, draft_tree: bool = False,
-                        draft_model: str | None = None, ram_budget: str | None = None) -> Engine:
+                        draft_model: str | None = None, ram_budget: str | None = None,
+                        recheck_gap: float = 0.0) -> Engine:
     """Loads the target and its drafter (errors are typed and become one-line CLI messages)."""
     return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                               draft=draft, draft_max=draft_max, draft_tree=draft_tree,
-                               draft_model=draft_model, ram_budget=parse_budget(ram_budget)))
+                               draft=draft, draft_max=draft_max, draft_tree=draft_tree, recheck_gap=recheck_gap,
+                               draft_model=draft_model, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None))
 
 
 def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: float,
@@ -75,7 +70,6 @@ def read_prompt(prompt: str | None) -> str:
     return prompt
 
 
-human_bytes = format_bytes  # one byte formatter for the whole project
 
 
 def stats_line(stats: GenerationStats) -> str:
@@ -86,7 +80,7 @@ def stats_line(stats: GenerationStats) -> str:
         + f" @ {stats.prompt_tokens_per_s:.1f} tok/s",
         f"generated {stats.generated_tokens} tok @ {stats.tokens_per_s:.1f} tok/s",
         f"ttft {stats.ttft_s:.2f} s",
-        f"peak RSS {human_bytes(stats.peak_rss_bytes)}",
+        f"peak RSS {format_bytes(stats.peak_rss_bytes)}",
         f"finish {stats.finish_reason}",
     ]
     spec = stats.spec

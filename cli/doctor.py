@@ -11,7 +11,8 @@ from rich.table import Table
 from edgespec import __version__
 from edgespec.llama import backend
 from edgespec.cli import app
-from edgespec.cli.common import human_bytes, print_json
+from edgespec.cli.common import print_json
+from edgespec.units import format_bytes as human_bytes
 from edgespec.files.store import ModelStore
 from edgespec.decode.tokens import HAVE_NATIVE
 

@@ -17,6 +17,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
 from rich.table import Table
 
 from edgespec.cli import app
+from edgespec.units import format_bytes
 from edgespec.files.store import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
                             PHASE_VERIFY, PHASE_WAITING, ModelStore, PullEvent)
 
@@ -36,15 +37,6 @@ _err = Console(stderr=True, highlight=False)
 
 def _store() -> ModelStore:
     return ModelStore()
-
-
-def _human_bytes(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"  # unreachable; keeps type checkers calm
 
 
 def _human_count(count: int) -> str:
@@ -127,7 +119,7 @@ def list_models(
     table.add_column("path", overflow="fold")
     for entry in entries:
         table.add_row(entry.name, entry.role or entry.kind, entry.family or "-",
-                      _human_bytes(entry.size), "yes" if entry.present else "no",
+                      format_bytes(entry.size), "yes" if entry.present else "no",
                       str(entry.path))
     _out.print(table)
 
@@ -160,7 +152,7 @@ def _format_info_value(key: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, int):
         return str(value)
     if key == "file_size":
-        return f"{_human_bytes(value)} ({value:,} bytes)"
+        return f"{format_bytes(value)} ({value:,} bytes)"
     if key == "parameters":
         return f"{_human_count(value)} ({value:,})"
     return f"{value:,}"
@@ -212,7 +204,7 @@ def clone(
         return
     kind = "header of a clone" if header_only else "clone"
     _out.print(f"wrote {kind} {result.path}: {result.tensors} tensors, "
-               f"{_human_bytes(result.file_size)}, shape {result.shape}")
+               f"{format_bytes(result.file_size)}, shape {result.shape}")
 
 
 @models_app.command("convert-onnx")

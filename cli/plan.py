@@ -10,6 +10,7 @@ from edgespec.cli import app
 from edgespec.cli.common import MODEL, print_json
 from edgespec.errors import InvalidRequest, ModelNotFound
 from edgespec.files.store import ModelStore
+from edgespec.units import parse_bytes
 from dataclasses import replace
 
 def _drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFootprint, target_gguf,
@@ -60,8 +61,8 @@ def plan(
     """Plan memory placement (GPU layers, drafter, KV cache, context, mmap, threads) without loading."""
     from edgespec.files.modelfile import model_file
 
-    ram = planner.parse_budget(ram_budget) if ram_budget is not None else None
-    vram = planner.parse_budget(vram_budget) if vram_budget is not None else None
+    ram = parse_bytes(ram_budget) if ram_budget is not None else None
+    vram = parse_bytes(vram_budget) if vram_budget is not None else None
     if kv_type is not None and kv_type not in planner.KV_CACHE_TYPES:
         raise InvalidRequest(f"--kv-type must be one of {', '.join(planner.KV_CACHE_TYPES)}, got {kv_type!r}")
     store = ModelStore()

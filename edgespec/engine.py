@@ -56,6 +56,9 @@ class EngineConfig:
     draft_model: str | None = None
     draft_max: int = 32
     draft_tree: bool = False
+    # Greedy: verified positions whose top-2 logit gap is below this are re-decoded alone
+    # (edgespec.spec.step.SpeculativeStep); 0 decides every position from the batch.
+    recheck_gap: float = 0.0
     n_seq_max: int | None = None  # default: enough sequences for draft_max-node trees
     # Resident-memory budget in bytes: None keeps the settings above; otherwise the planner
     # chooses placement, KV type, batch sizes, drafter and file-backed weights within it.
@@ -72,6 +75,8 @@ class EngineConfig:
             raise InvalidRequest(f"n_threads must be a positive integer, got {self.n_threads!r}")
         if self.n_gpu_layers < -1:
             raise InvalidRequest(f"n_gpu_layers must be >= -1, got {self.n_gpu_layers}")
+        if not self.recheck_gap >= 0:
+            raise InvalidRequest(f"recheck_gap must be >= 0, got {self.recheck_gap!r}")
         if self.ram_budget is not None and self.ram_budget <= 0:
             raise InvalidRequest(f"ram_budget must be positive, got {self.ram_budget}")
         if self.max_queue is not None and (isinstance(self.max_queue, bool)
@@ -138,7 +143,7 @@ class Engine:
                                 model_params=p.draft_model_params, suffix_history_tokens=p.suffix_cap_tokens,
                                 calibration_tag="-filebacked" if p.file_backed else "")
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
-        self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, config.draft_max))
+        self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, config.draft_max, config.recheck_gap))
 
     def _special_text(self, token: int) -> str:
         return self.model.token_text(token) if 0 <= token < self.model.n_vocab else ""

@@ -13,7 +13,7 @@ import textwrap
 
 from conftest import DRAFTER, TARGET
 from edgespec.memory import planner
-from edgespec.files.gguf import read_gguf
+from edgespec.files.modelfile import model_file
 
 SCENARIO = textwrap.dedent('''
     import json, sys
@@ -33,12 +33,15 @@ SCENARIO = textwrap.dedent('''
         sys.exit(0)
     with engine:
         with PeakRSS(interval_s=0.005) as rss:
-            done = engine.generate_chat(msgs, req)
+            done = engine.chat(msgs, req)
         p = engine.placement
         print(json.dumps({"peak": rss.peak, "tokens": done.stats.generated_tokens, "draft": p.draft,
                           "drafter": engine.drafter.name, "has_model": getattr(engine.drafter, "model", None)
                           is not None, "notes": list(p.notes), "file_backed": p.file_backed,
-                          "releases": engine.releaser.releases if engine.releaser else 0}))
+                          "releases": engine.releaser.releases if engine.releaser else 0,
+                          "plan_flash_attn": p.plan.flash_attn, "ctx_flash_attn": engine.ctx.params.flash_attn,
+                          "plan_kv": p.plan.parts and [x.bytes for x in p.plan.parts if x.component == "target KV cache"][0],
+                          "ctx_kv": engine.ctx.kv_bytes()}))
 ''' % TARGET)
 
 
@@ -51,10 +54,18 @@ def run_scenario(budget: int, draft: str, n_ctx: int = 2048) -> dict:
 
 def _smallest(model_path, with_drafter: bool) -> int:
     """The planner's smallest resident budget for the target (with or without the drafter)."""
-    t = planner.estimate_model(read_gguf(model_path(TARGET)))
-    d = planner.estimate_model(read_gguf(model_path(DRAFTER))) if with_drafter else None
+    t = model_file(model_path(TARGET)).footprint
+    d = model_file(model_path(DRAFTER)).footprint if with_drafter else None
     plan = planner.make_plan(t, d, ram_budget=64 << 30, n_ctx=2048, suffix=True, draft_max=16)
     return plan.ram_bytes
+
+
+def test_a_budgeted_load_builds_what_the_plan_planned(model_path):
+    # The planner asks for the attention kernel instead of assuming it: on the CPU with an f16
+    # cache the engine turns flash attention off (edgespec.llama.kernels), so must the plan.
+    r = run_scenario(_smallest(model_path, with_drafter=False) + (256 << 20), "suffix")
+    assert r["ctx_flash_attn"] is False and r["plan_flash_attn"] is False
+    assert r["plan_kv"] == r["ctx_kv"]
 
 
 def test_budget_fitting_target_and_drafter_uses_both(model_path):

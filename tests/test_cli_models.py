@@ -161,7 +161,7 @@ def test_info_table(home):
     proc = run_cli(home, "models", "info", MODEL)
     assert proc.returncode == 0, proc.stderr
     for word in ("architecture", "llama", "quantization", "Q4_1", "context_length", "8,192",
-                 "vocab_size", "49,152", "tokenizer_fingerprint", "93.8 MiB"):
+                 "vocab_size", "49,152", "tokenizer_fingerprint", "93.81 MiB"):
         assert word in proc.stdout
 
 

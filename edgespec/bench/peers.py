@@ -216,9 +216,9 @@ def _require_binary(name: str) -> Path:
 @functools.lru_cache(maxsize=16)
 def _bos_text_to_strip(model_path: str, mtime_ns: int) -> str:
     """The BOS token's text when llama.cpp will prepend a BOS itself (else "")."""
-    from edgespec.files import gguf
+    from edgespec.files.modelfile import model_file
 
-    md = gguf.read_gguf(model_path).metadata
+    md = model_file(model_path).gguf.metadata
     add_bos = md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")
     bos = md.get("tokenizer.ggml.bos_token_id")
     tokens = md.get("tokenizer.ggml.tokens") or []

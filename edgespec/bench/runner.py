@@ -47,6 +47,7 @@ class BenchSettings:
     n_ctx: int = 4096
     threads: int | None = None
     draft_max: int = 32
+    recheck_gap: float = 0.0  # greedy near-tie re-checks (SpeculativeStep)
     repeats: int = 1
     ram_budget: int | None = None
     share_prefill: bool = False
@@ -113,7 +114,8 @@ class _Runners:
         shared = self.model_drafter(tree=config == "model-tree") if wants_model else None
         drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
                                target_ctx=self.engine.ctx, shared_model=shared)
-        return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.settings.draft_max))
+        return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.settings.draft_max,
+                                                                            self.settings.recheck_gap))
 
     def close(self) -> None:
         if self._model_drafter is not None:

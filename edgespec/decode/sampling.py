@@ -165,3 +165,9 @@ def pick_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int
     if params.greedy:
         return int(np.argmax(probs))
     return sample_from(probs, rng)
+
+
+def top2_gap(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> float:
+    """How far greedy's choice leads the runner-up, in logits (after the repetition penalty)."""
+    top = np.partition(apply_repeat_penalty(logits, recent, params.repeat_penalty), -2)[-2:]
+    return float(top[1] - top[0])

@@ -46,6 +46,8 @@ KINDS = {k.name: k for k in (
     DrafterKind("model", "always", False, "a small GGUF model of the same tokenizer"),
     DrafterKind("hybrid", "always", True, "the suffix draft when its match is long, else the model"),
     DrafterKind("auto", "optional", True, "per step, whichever the calibrated cost model expects to pay"),
+    # Its model is an ONNX conversion run by onnxruntime, not a llama.cpp load: "never" here.
+    DrafterKind("onnx", "never", False, "the drafter model converted to ONNX, run by onnxruntime"),
 )}
 NAMES = tuple(KINDS)
 
@@ -164,10 +166,20 @@ def _build_auto(cfg, model, suffix, target_ctx, store):
     return AutoDrafter(suffix, cost, model=model)
 
 
+def _build_onnx(cfg, model, suffix, target_ctx, store):
+    from edgespec.drafters.onnx import make_onnx_drafter
+
+    if target_ctx is None:
+        raise ValueError("the onnx drafter needs the target context (its model's vocabulary)")
+    return make_onnx_drafter(target_ctx.model, store, cfg.draft_model, tree=cfg.tree,
+                             n_threads=cfg.n_threads, n_ctx=cfg.n_ctx)
+
+
 _BUILDERS = {
     "none": _build_none,
     "suffix": lambda cfg, model, suffix, target_ctx, store: suffix,
     "model": lambda cfg, model, suffix, target_ctx, store: model,
     "hybrid": _build_hybrid,
     "auto": _build_auto,
+    "onnx": _build_onnx,
 }

@@ -29,7 +29,7 @@ from edgespec.llama.kernels import KV_CACHE_TYPES
 from edgespec.errors import BackendError, InvalidRequest
 
 log = logging.getLogger(__name__)
-_llama_log = logging.getLogger("edgespec.llama_cpp")
+LLAMA_LOG = logging.getLogger("edgespec.llama_cpp")
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -46,10 +46,10 @@ def _log_callback(level, text, _user_data):  # pragma: no cover - called from C
     except Exception:  # noqa: BLE001 - never raise into C
         return
     if msg:
-        _llama_log.log(_LEVELS.get(int(level), logging.DEBUG), "%s", msg)
+        LLAMA_LOG.log(_LEVELS.get(int(level), logging.DEBUG), "%s", msg)
 
 
-def _ensure_initialized() -> None:
+def ensure_initialized() -> None:
     global _initialized
     with _init_lock:
         if not _initialized:
@@ -67,7 +67,7 @@ def default_threads() -> int:
 
 def system_info() -> dict:
     """What the installed llama.cpp build can do (for `edgespec doctor`)."""
-    _ensure_initialized()
+    ensure_initialized()
     return {
         "llama_cpp_python": lc.__version__,
         "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
@@ -104,7 +104,7 @@ _DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 
 def list_devices() -> list[dict]:
     """Compute devices the installed llama.cpp build sees (CPU, GPUs) with their memory."""
-    _ensure_initialized()
+    ensure_initialized()
     try:
         lib = _ggml_device_api()
     except (ImportError, AttributeError) as exc:
@@ -168,7 +168,7 @@ def _load_mode(p: ModelParams) -> int:
     return lc.LLAMA_LOAD_MODE_MLOCK if p.use_mlock else lc.LLAMA_LOAD_MODE_NONE
 
 
-def _model_params(p: ModelParams):
+def model_struct(p: ModelParams):
     """The llama_model_params struct for ``p`` (shared by loads and memory probes)."""
     mp = lc.llama_model_default_params()
     mp.n_gpu_layers = p.n_gpu_layers
@@ -178,7 +178,7 @@ def _model_params(p: ModelParams):
     return mp
 
 
-def _context_params(p: ContextParams, threads: int):
+def context_struct(p: ContextParams, threads: int):
     """The llama_context_params struct for ``p`` (shared by contexts and memory probes)."""
     if p.kv_type not in KV_CACHE_TYPES:
         raise InvalidRequest(f"kv_type must be one of {', '.join(KV_CACHE_TYPES)}, got {p.kv_type!r}")
@@ -212,8 +212,8 @@ class LlamaModel:
         # The validator reads the header first: llama.cpp must never see a malformed file.
         self.file = model_file(self.path)
         self.gguf = self.file.gguf
-        _ensure_initialized()
-        self._model = lc.llama_model_load_from_file(self.path.encode(), _model_params(params))
+        ensure_initialized()
+        self._model = lc.llama_model_load_from_file(self.path.encode(), model_struct(params))
         if not self._model:
             raise BackendError(f"llama.cpp could not load {self.path}")
         self.params = params
@@ -338,7 +338,7 @@ class LlamaContext:
             raise InvalidRequest("n_seq_max must be >= 1")
         self.model = model
         threads = params.n_threads or default_threads()
-        cp = _context_params(params, threads)
+        cp = context_struct(params, threads)
         self._ctx = lc.llama_init_from_model(model._model, cp)
         if not self._ctx:
             raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens")

@@ -24,7 +24,7 @@ import llama_cpp as lc
 
 from edgespec.errors import InvalidRequest
 from edgespec.files.modelfile import model_file
-from edgespec.llama.backend import _ensure_initialized
+from edgespec.llama.backend import ensure_initialized
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def prompt_lookup_generate(model_path: str | os.PathLike, prompt_text: str, max_
         raise InvalidRequest("max_tokens must be at least 1")
     if not prompt_text:
         raise InvalidRequest("the prompt is empty")
-    _ensure_initialized()
+    ensure_initialized()
     llm = _peer_llama(str(model_path), n_threads, n_ctx, num_pred_tokens)
     vocab = llm._model.vocab
     bos = int(lc.llama_vocab_bos(vocab))

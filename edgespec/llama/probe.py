@@ -16,8 +16,8 @@ import llama_cpp as lc
 
 from edgespec.errors import BackendError
 from edgespec.files.modelfile import model_file
-from edgespec.llama.backend import (ContextParams, ModelParams, _context_params, _ensure_initialized,
-                                    _llama_log, _model_params, default_threads)
+from edgespec.llama.backend import (ContextParams, ModelParams, context_struct, ensure_initialized,
+                                    LLAMA_LOG, model_struct, default_threads)
 
 _BUFFER_LINE = None  # compiled on first use
 
@@ -39,16 +39,16 @@ def capture_llama_log():
     WARNING does not print llama.cpp's debug chatter. Not meant for concurrent use.
     """
     handler = _LogCapture()
-    saved = (_llama_log.level, _llama_log.propagate)
-    _llama_log.setLevel(logging.DEBUG)
-    _llama_log.propagate = False
-    _llama_log.addHandler(handler)
+    saved = (LLAMA_LOG.level, LLAMA_LOG.propagate)
+    LLAMA_LOG.setLevel(logging.DEBUG)
+    LLAMA_LOG.propagate = False
+    LLAMA_LOG.addHandler(handler)
     try:
         yield handler
     finally:
-        _llama_log.removeHandler(handler)
-        _llama_log.setLevel(saved[0])
-        _llama_log.propagate = saved[1]
+        LLAMA_LOG.removeHandler(handler)
+        LLAMA_LOG.setLevel(saved[0])
+        LLAMA_LOG.propagate = saved[1]
 
 
 def reported_buffers(lines: Sequence[str]) -> dict[str, int]:
@@ -87,14 +87,14 @@ def probe_context_buffers(path: str | os.PathLike, n_ctx: int, n_batch: int = 51
     cache without flash attention).
     """
     model_file(path)  # the validator sees every file before llama.cpp does
-    _ensure_initialized()
+    ensure_initialized()
     with capture_llama_log() as cap:
-        mp = _model_params(ModelParams(n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, repack=repack))
+        mp = model_struct(ModelParams(n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, repack=repack))
         model = lc.llama_model_load_from_file(os.fspath(path).encode(), mp)
         if not model:
             raise BackendError(f"llama.cpp could not load {path}")
         try:
-            cp = _context_params(ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+            cp = context_struct(ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                                n_seq_max=n_seq_max, kv_type=kv_type, flash_attn=flash_attn,
                                                n_outputs_max=n_outputs_max), default_threads())
             ctx = lc.llama_init_from_model(model, cp)

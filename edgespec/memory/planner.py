@@ -21,12 +21,12 @@ from edgespec.memory.footprint import (ENGINE_N_BATCH, MiB, ContextFootprint, Mo
                                        estimate_context, estimate_model)
 from edgespec.memory.machine import (GPUDevice, MachineInfo, default_ram_budget, default_threads,
                                      default_vram_budget, machine)
-from edgespec.units import format_bytes, parse_bytes
+from edgespec.units import format_bytes
 
 # The planner's public surface includes the footprint and machine types it plans with.
 __all__ = ["RANKING", "ContextFootprint", "Decision", "GPUDevice", "MachineInfo", "ModelFootprint", "Part",
            "Plan", "default_ram_budget", "default_threads", "default_vram_budget", "estimate_context",
-           "estimate_model", "fmt_bytes", "machine", "make_plan", "parse_budget"]
+           "estimate_model", "fmt_bytes", "machine", "make_plan"]
 
 UBATCH_CHOICES = (512, 256, 128, 64)
 DEFAULT_CTX = 4096              # EngineConfig.n_ctx
@@ -62,7 +62,6 @@ RANKING = {
 }
 
 fmt_bytes = format_bytes  # the planner's explanations use the one byte formatter
-parse_budget = parse_bytes
 
 # =============================================================================================
 # Plans
@@ -125,14 +124,13 @@ class Plan:
         return [f"{d.name}: {d.value} - {d.why}" for d in self.decisions]
 
     def engine_settings(self) -> dict:
-        """What the engine should be configured with (some knobs are not wired yet)."""
+        """The settings edgespec.memory.budget turns into model and context parameters."""
         return {
             "n_ctx": self.n_ctx, "n_threads": self.threads, "n_gpu_layers": self.n_gpu_layers,
             "use_mmap": self.use_mmap, "use_mlock": self.use_mlock,
             "draft": ("hybrid" if self.suffix_drafter else "model") if self.drafter_placement != "none"
             else ("suffix" if self.suffix_drafter else "none"),
             "draft_model": self.drafter if self.drafter_placement != "none" else None,
-            # not in EngineConfig / ContextParams / ModelParams yet:
             "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "kv_type": self.kv_type,
             "type_k": KV_CACHE_TYPES[self.kv_type].ggml_id, "type_v": KV_CACHE_TYPES[self.kv_type].ggml_id,
             "flash_attn": self.flash_attn, "repack": self.repack, "weights_mode": self.weights_mode,

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, target_probs
+from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, target_probs, top2_gap
 from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.base import Drafter
-from edgespec.spec.acceptance import accept_greedy, accept_stochastic
+from edgespec.spec.acceptance import Acceptance, accept_greedy, accept_stochastic
 from edgespec.spec.stats import SpecStats
 from edgespec.spec.tree import DraftTree
 from edgespec.spec.verify import fit_draft
@@ -43,16 +43,27 @@ class _PathRows:
     def __getitem__(self, r: int) -> int:  # greedy: the target's token at row r
         return greedy_token(self._rows(r), self._params, self._recent(r))
 
+    def gap(self, r: int) -> float:  # greedy: how far row r's choice leads the runner-up
+        return top2_gap(self._rows(r), self._params, self._recent(r))
+
     def probs(self, r: int) -> np.ndarray:  # sampling: the exact target distribution at row r
         return target_probs(self._rows(r), self._params, self._recent(r))
 
 
 class SpeculativeStep:
-    """Speculative decoding with ``drafter``, drafts of at most ``draft_max`` nodes."""
+    """Speculative decoding with ``drafter``, drafts of at most ``draft_max`` nodes.
 
-    def __init__(self, drafter: Drafter, draft_max: int = 32):
+    ``recheck_gap`` (greedy only): a verified row whose top-2 logit gap is below it is a
+    near-tie that the batch's numerics may flip (a row computed in a batch of n tokens differs
+    from the same row computed alone by up to about a logit on these CPUs), so the step ends
+    its accepted path before that row and decides the position the way plain decoding does:
+    the row's token is decoded alone. 0 turns re-checks off.
+    """
+
+    def __init__(self, drafter: Drafter, draft_max: int = 32, recheck_gap: float = 0.0):
         self.drafter = drafter
         self.draft_max = draft_max
+        self.recheck_gap = recheck_gap
         self._params = SamplingParams()
         self._rng = np.random.default_rng()
         self._stats = SpecStats(mode=drafter.name)
@@ -75,11 +86,30 @@ class SpeculativeStep:
                 acc = accept_greedy(draft, rows)
             else:
                 acc = accept_stochastic(draft, rows.probs, self._rng)
-            verification.commit(acc.path)
+            near_tie = self._near_tie(rows, acc.path) if self._params.greedy else None
+            verification.commit(acc.path if near_tie is None else acc.path[:near_tie])
+        if near_tie is not None:
+            acc = self._recheck(seq, history, draft, acc.path[:near_tie])
         self._stats.add(draft.source, len(draft), acc.n_accepted)
         emitted = acc.emitted_tokens(draft)
         self.drafter.observe(emitted)
         return emitted, acc.n_accepted
+
+    def _near_tie(self, rows: _PathRows, path: tuple[int, ...]) -> int | None:
+        """The first row along the accepted path (0 = after pending) that is a near-tie."""
+        if self.recheck_gap <= 0:
+            return None
+        nodes = (-1,) + tuple(path)
+        return next((k for k, node in enumerate(nodes) if rows.gap(node + 1) < self.recheck_gap), None)
+
+    def _recheck(self, seq: KVSequence, history: list[int], draft: DraftTree, path: tuple[int, ...]) -> Acceptance:
+        """Re-decides the position after ``path`` from its last token decoded alone."""
+        last = seq.tokens[-1]
+        seq.trim(len(seq) - 1)
+        logits = seq.append(last)
+        context = history + [int(draft.tokens[i]) for i in path]
+        self._stats.rechecks += 1
+        return Acceptance(tuple(path), greedy_token(logits, self._params, recent_window(context, self._params)))
 
     def end(self) -> SpecStats:
         self.drafter.end()
