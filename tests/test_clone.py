@@ -53,11 +53,9 @@ def test_clone_is_valid_with_the_source_tokenizer(drafter_path, small_clone):
 
 
 def test_clone_decodes_finite_logits_in_llama_cpp(small_clone):
-    from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
+    from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
 
-    # repack=False: on this development machine llama.cpp's AMX repacking dies of SIGILL in
-    # any decode (the real 0.5B too); the clone is not what is tested there.
-    model = LlamaModel(small_clone, ModelParams(repack=False))
+    model = LlamaModel(small_clone)
     ctx = LlamaContext(model, ContextParams(n_ctx=128, n_batch=32, n_threads=1))
     try:
         tokens = model.tokenize("def add(a, b):")
