@@ -1,16 +1,20 @@
 """Shape clones: valid GGUF, SRC's tokenizer, scaled shapes, finite logits, header-only round trip."""
 from __future__ import annotations
 
+import gguf_corpus
 import numpy as np
 import pytest
+from conftest import DRAFTER, TARGET
 
 from edgespec.errors import CloneError, InvalidGGUF
 from edgespec.files import clone as clone_mod
 from edgespec.files.clone import CloneShape, write_clone
-from edgespec.files.gguf import (GGML_TYPES, read_gguf, read_gguf_header,
-                                 tokenizer_fingerprint)
-import gguf_corpus
-from conftest import DRAFTER, TARGET
+from edgespec.files.gguf import (
+    GGML_TYPES,
+    read_gguf,
+    read_gguf_header,
+    tokenizer_fingerprint,
+)
 
 # A reduced Qwen2.5-0.5B: two blocks, narrow (rows stay multiples of every block size), so
 # that writing and decoding take well under a second.  About 75 MB, most of it the

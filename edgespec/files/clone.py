@@ -31,8 +31,13 @@ from typing import BinaryIO
 import numpy as np
 
 from edgespec.errors import CloneError
-from edgespec.files.gguf import (GGML_TYPES, GGUF_MAGIC, GGUFHeader, TensorInfo,
-                                 read_gguf_header)
+from edgespec.files.gguf import (
+    GGML_TYPES,
+    GGUF_MAGIC,
+    GGUFHeader,
+    TensorInfo,
+    read_gguf_header,
+)
 
 log = logging.getLogger(__name__)
 
@@ -287,11 +292,9 @@ def plan_clone(header: GGUFHeader, shape: CloneShape = CloneShape(), seed: int =
 def _write_header(f: BinaryIO, plan: _Plan) -> int:
     """Writes magic to the padded end of the tensor infos; returns the data section's offset."""
     f.write(GGUF_MAGIC + struct.pack("<IQQ", 3, len(plan.tensors), len(plan.kv)))
-    for record in plan.kv:
-        f.write(record)
-    for name, shape, ggml_type, offset, _ in plan.tensors:
-        f.write(_string(name) + struct.pack(f"<I{len(shape)}QIQ", len(shape), *shape,
-                                            ggml_type, offset))
+    f.writelines(plan.kv)
+    f.writelines(_string(name) + struct.pack(f"<I{len(shape)}QIQ", len(shape), *shape,
+                                            ggml_type, offset) for name, shape, ggml_type, offset, _ in plan.tensors)
     pos = f.tell()
     f.write(b"\0" * (_pad(pos, plan.alignment) - pos))
     return f.tell()
@@ -319,7 +322,7 @@ def _block_chunk(rng: np.random.Generator, tname: str, n_blocks: int, type_size:
 def _write_tensor(f: BinaryIO, rng: np.random.Generator, name: str, shape: tuple[int, ...],
                   ggml_type: int, nbytes: int, alignment: int) -> None:
     """Streams one tensor's random data in chunks of at most ~_CHUNK_BYTES, then its padding."""
-    tname, block, type_size = GGML_TYPES[ggml_type]
+    tname, _, type_size = GGML_TYPES[ggml_type]
     n_blocks = nbytes // type_size
     per_chunk = max(1, _CHUNK_BYTES // type_size)
     for start in range(0, n_blocks, per_chunk):
