@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
+#   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec
+# Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
+# so a second call on the still-warm machine goes on where the first stopped.  Never stops
+# at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
+# bounds the whole call; what is measured by then is collected into $OUT.
+set -uo pipefail
+VERSION=0.3.36
+ROOT="$(pwd)"
+W=/tmp/es
+OUT="${OUT:-$W/out}"
+BUDGET_S="${BUDGET_S:-560}"
+SRC="$W/src/llama_cpp_python-$VERSION"
+export PATH="/usr/local/cuda/bin:$PATH" LC_ALL=C PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+export LLAMA_CPP_LIB_PATH="$W/lib" PYTHONPATH="$W/site:$ROOT"
+mkdir -p "$W/results" "$W/models" "$W/lib" "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+set -x
+
+fail() { echo "$(date +%T) $*" | tee -a "$OUT/failures.txt"; }
+left() { echo $(( BUDGET_S - SECONDS )); }
+# run SECONDS_NEEDED CMD...: only when enough of the budget is left, never past it
+run() { local need=$1; shift
+        if (( $(left) < need )); then fail "skipped (budget): $*"; return 1; fi
+        timeout $(( $(left) - 5 )) "$@" || { fail "failed ($?): $*"; return 1; }; }
+
+stage_env() {
+    { date -u; nvidia-smi; nvcc --version; lscpu | head -20; python3 --version; } > "$OUT/env.txt" 2>&1
+}
+
+stage_build() {
+    [[ -x "$W/build/bin/llama-speculative-simple" && -x "$W/build/bin/llama-bench" ]] && return
+    mkdir -p "$W/src" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$W/src"
+    # CPU kernels: AVX2/AVX512 but no AMX (a laptop has none, and AMX repacking died of
+    # SIGILL in a VM of the development machine); 90-real: the H100/H200 only.
+    local cpu=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+    grep -qw avx512f /proc/cpuinfo && cpu+=(-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
+    cmake -S "$SRC/vendor/llama.cpp" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DBUILD_SHARED_LIBS=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON "${cpu[@]}" > "$W/cmake.log" 2>&1 \
+        || { tail -30 "$W/cmake.log"; fail "cmake configure"; return 1; }
+    local t0=$SECONDS
+    run 60 cmake --build "$W/build" -j 16 --target llama llama-bench llama-speculative-simple \
+        > "$W/build.log" 2>&1 || { tail -40 "$W/build.log"; return 1; }
+    echo "build took $(( SECONDS - t0 )) s"
+}
+
+stage_install() {
+    find "$W/build" -name 'lib*.so*' -exec ln -sf {} "$W/lib/" \;
+    python3 -c 'import llama_cpp' 2>/dev/null && return
+    python3 -m pip install -q --no-index --no-deps --target "$W/site" .device/wheels/diskcache-*.whl
+    # llama-cpp-python without its own llama.cpp: pure Python over $LLAMA_CPP_LIB_PATH.
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" python3 -m pip install -q --no-index \
+        --no-deps --no-build-isolation --target "$W/site" "$SRC" \
+        || { fail "pip install llama-cpp-python; copying its package"; cp -r "$SRC/llama_cpp" "$W/site/"; }
+    # llama_cpp._ggml looks for libggml in the package's own lib/ folder only.
+    mkdir -p "$W/site/llama_cpp/lib" && ln -sf "$W"/lib/lib*.so* "$W/site/llama_cpp/lib/"
+    python3 -c 'import json, edgespec.llama.backend as b; print(json.dumps(b.system_info(), indent=1))' \
+        > "$OUT/system_info.json" || fail "import edgespec.llama.backend"
+}
+
+stage_clones() {
+    run 60 python3 benchmarks/device/measure.py clones .device/headers "$W/models"
+    ls -la "$W/models"
+}
+
+stage_diag() {
+    local s
+    for s in raw-auto raw-numpy-first backend-llama-first; do
+        run 20 python3 benchmarks/device/diag.py $s "$W/models/qwen0.5b.gguf"
+    done
+}
+
+stage_curves() {
+    local c
+    for c in gpu-7b gpu-1.5b gpu-0.5b offload-7b cpu-0.5b cpu-1.5b cpu-7b offload-7b-no-op-offload; do
+        [[ -f "$W/results/curve-$c.json.done" ]] && continue
+        run 30 python3 benchmarks/device/measure.py curve "$c" "$W/models" "$W/results/curve-$c.json" \
+            && touch "$W/results/curve-$c.json.done"
+    done
+}
+
+stage_offload() {  # only the offload placement, e.g. after a change of its layer count
+    local c k M="$W/models"
+    for c in offload-7b offload-7b-no-op-offload; do
+        run 30 python3 benchmarks/device/measure.py curve "$c" "$M" "$W/results/curve-$c.json"
+    done
+    k=$(python3 benchmarks/device/measure.py third "$M/qwen7b.gguf")
+    run 60 "$W/build/bin/llama-bench" -m "$M/qwen7b.gguf" -ngl "$k" -p 1,2,4,8,16,32,64,128,256,512 \
+        -n 16 -d 512 -r 2 -t 8 -o json > "$W/results/bench-offload-qwen7b.json"
+}
+
+stage_bench() {
+    local B="$W/build/bin/llama-bench" M="$W/models" sizes=1,2,4,8,16,32,64,128,256,512 k m
+    for m in qwen7b qwen1.5b qwen0.5b; do
+        [[ -s "$W/results/bench-gpu-$m.json" ]] && continue
+        run 40 "$B" -m "$M/$m.gguf" -ngl 99 -p $sizes -n 32 -d 512 -r 3 -t 8 -o json \
+            > "$W/results/bench-gpu-$m.json"
+    done
+    k=$(python3 benchmarks/device/measure.py third "$M/qwen7b.gguf")
+    [[ -s "$W/results/bench-offload-qwen7b.json" ]] || run 60 "$B" -m "$M/qwen7b.gguf" -ngl "$k" \
+        -p $sizes -n 16 -d 512 -r 2 -t 8 -o json > "$W/results/bench-offload-qwen7b.json"
+    # CPU: depth 0 (a 512-token prefill per test would cost ~10 s each)
+    for m in qwen1.5b qwen7b; do
+        [[ -s "$W/results/bench-cpu-$m.json" ]] && continue
+        run 60 "$B" -m "$M/$m.gguf" -ngl 0 --no-host 1 -nopo 1 -p 1,4,16,64 -n 16 -r 2 -t 8 \
+            -o json > "$W/results/bench-cpu-$m.json"
+    done
+}
+
+stage_spec() {
+    local S="$W/build/bin/llama-speculative-simple" M="$W/models" args
+    python3 -c 'print("<|im_start|>user\nWrite a Python function that merges two sorted lists, with tests.<|im_end|>\n<|im_start|>assistant\n")' > "$W/prompt.txt"
+    # name target n_max p_min: the default p_min (0.75) is what the native peer runs; with
+    # random weights it stops drafts early, so p_min 0 gives the cost of full drafts.
+    while read -r name target nmax pmin; do
+        [[ -s "$W/results/spec-$name.txt" ]] && continue
+        args=(-m "$M/$target.gguf" -md "$M/qwen0.5b.gguf" -ngl 99 -ngld 99 -f "$W/prompt.txt"
+              -n 256 -c 4096 -b 4096 -ub 512 -fa on -t 8 -tb 8 -td 8 -tbd 8 --temp 0 --top-k 1
+              --seed 0 --spec-type draft-simple --spec-draft-n-max "$nmax")
+        [[ $pmin == default ]] || args+=(--spec-draft-p-min "$pmin")
+        echo "${S##*/} ${args[*]}" > "$W/results/spec-$name.txt"
+        run 30 "$S" "${args[@]}" >> "$W/results/spec-$name.txt" 2>&1
+    done <<'LIST'
+1.5b-n4 qwen1.5b 4 default
+1.5b-n4-p0 qwen1.5b 4 0
+1.5b-n16-p0 qwen1.5b 16 0
+7b-n4-p0 qwen7b 4 0
+LIST
+}
+
+collect() {
+    set +x
+    python3 - "$W/results" "$OUT" <<'PY'
+import glob, json, os, sys
+res, out = sys.argv[1], sys.argv[2]
+def load(pattern):
+    d = {}
+    for p in sorted(glob.glob(os.path.join(res, pattern))):
+        try:
+            with open(p) as f:
+                # llama.cpp prints the clones' random tokens: not always UTF-8
+                d[os.path.basename(p)] = (open(p, errors="replace").read() if p.endswith(".txt")
+                                          else json.load(f))
+        except Exception as e:  # a run cut off mid-write
+            d[os.path.basename(p)] = f"unreadable: {e}"
+    return d
+for name, pattern in (("curves", "curve-*.json"), ("bench", "bench-*.json"), ("spec", "spec-*.txt")):
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump(load(pattern), f, indent=1)
+PY
+    python3 benchmarks/device/measure.py table "$W/results" | tee "$OUT/table.txt"
+    grep -h "decoded\|n_drafted\|n_accept\|accept " "$W"/results/spec-*.txt 2>/dev/null | tail -20
+    cat "$OUT/failures.txt" 2>/dev/null
+}
+
+trap collect EXIT
+stages=("$@")
+(( ${#stages[@]} )) || stages=(build clones curves bench spec)
+stage_env
+for s in "${stages[@]}"; do
+    case $s in
+        build) stage_build && stage_install ;;
+        *) stage_install; "stage_$s" ;;
+    esac
+done
