@@ -200,3 +200,4 @@ def test_factory_checks_the_vocabulary_and_reuses_the_conversion(onnx_store, sou
         d.close()
     with pytest.raises(IncompatibleModels):
         make_onnx_drafter(small_model, onnx_store, draft_model=str(source))
+

@@ -4,8 +4,10 @@ onnxruntime dequantizes a weight as ``(q - zero_point) * scale`` per block of ``
 along a row, with ``q`` of 4 or 8 bits and the zero point ``2**(bits-1)`` unless given. Every
 ggml block format below maps onto that without requantizing; formats with a per-block minimum
 (Q4_1, Q5_1, Q4_K, Q5_K) also carry an additive ``offset`` per block, which the graph adds as a
-small correction term (a float zero point would do it too, but measured ~100x slower on the
-CPU). Mapping per format (value -> stored q):
+small correction term (a float zero point would do it too, but onnxruntime's CPU kernel has no
+fast path for one: ~100x slower, as measured in issue #13).
+
+Mapping per format (value -> stored q):
 
 * Q8_0: ``d*x``, x int8                 -> 8-bit, block 32, q = x + 128
 * Q5_0: ``d*(x-16)``, x in [0, 32)      -> 8-bit, block 32, q = x + 112
