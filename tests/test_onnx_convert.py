@@ -17,15 +17,15 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 onnx = pytest.importorskip("onnx")
-from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
-from onnx import numpy_helper  # noqa: E402
+from gguf.quants import dequantize as gguf_dequantize
+from onnx import numpy_helper
 
-from edgespec.errors import InvalidRequest, UnsupportedModel  # noqa: E402
-from edgespec.files.gguf import read_gguf, tokenizer_fingerprint  # noqa: E402
-from edgespec.files.store import ModelStore  # noqa: E402
-from edgespec.onnx import graph as graph_mod  # noqa: E402
-from edgespec.onnx.blocks import DECODERS, decode, dequantize  # noqa: E402
-from edgespec.onnx.convert import convert, onnx_dir_for, read_meta  # noqa: E402
+from edgespec.errors import InvalidRequest, UnsupportedModel
+from edgespec.files.gguf import read_gguf, tokenizer_fingerprint
+from edgespec.files.store import ModelStore
+from edgespec.onnx import graph as graph_mod
+from edgespec.onnx.blocks import DECODERS, decode, dequantize
+from edgespec.onnx.convert import convert, onnx_dir_for, read_meta
 
 DRAFTER = "qwen2.5-coder-0.5b"
 GEMMA = "gemma3-270m"
@@ -196,7 +196,7 @@ def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, EDGESPEC_HOME=str(home), COLUMNS="200",
                PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
     return subprocess.run([sys.executable, "-m", "edgespec.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, check=False)
 
 
 def test_cli_refuses_an_unsupported_model_in_one_line(tmp_path, model_path):

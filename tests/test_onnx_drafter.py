@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
-from edgespec.decode.sampling import SamplingParams, target_probs  # noqa: E402
-from edgespec.drafters.onnx import OnnxDrafter, make_onnx_drafter  # noqa: E402
-from edgespec.errors import IncompatibleModels, InvalidRequest  # noqa: E402
-from edgespec.files.store import ModelStore  # noqa: E402
-from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel  # noqa: E402
-from edgespec.onnx.convert import convert  # noqa: E402
-from edgespec.onnx.session import OnnxLM  # noqa: E402
+from edgespec.decode.sampling import SamplingParams, target_probs
+from edgespec.drafters.onnx import OnnxDrafter, make_onnx_drafter
+from edgespec.errors import IncompatibleModels, InvalidRequest
+from edgespec.files.store import ModelStore
+from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
+from edgespec.onnx.convert import convert
+from edgespec.onnx.session import OnnxLM
 
 DRAFTER = "qwen2.5-coder-0.5b"
 REPO = Path(__file__).resolve().parent.parent

@@ -60,7 +60,7 @@ class ModelShape:
         return self.n_embd // self.n_head
 
     @classmethod
-    def from_gguf(cls, g: GGUFFile) -> "ModelShape":
+    def from_gguf(cls, g: GGUFFile) -> ModelShape:
         """Raises UnsupportedModel for an architecture the graph builder does not know."""
         md = g.metadata
         arch = md.get("general.architecture")
@@ -113,7 +113,7 @@ class _Builder:
     def __init__(self, data_path: Path):
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
-        self._data = open(data_path, "wb")
+        self._data = open(data_path, "wb")  # noqa: SIM115 - written across calls, closed by close()
         self._location = data_path.name
         self._count = 0
 
@@ -313,10 +313,11 @@ def write_graph(g: GGUFFile, directory: Path, bits: str = "exact") -> ModelShape
     tensors = GGUFTensors(g)
     builder = _Builder(directory / "weights.bin")
     try:
-        logits = _Qwen2(builder, tensors, shape, bits).build()
+        head = _Qwen2(builder, tensors, shape, bits).build()
     finally:
         builder.close()
         tensors.close()
+    assert builder.nodes[-1].output[0] == head  # the head's last node: give it the graph's name
     builder.nodes[-1].output[0] = "logits"
     inputs, outputs = _io(shape, "logits")
     graph = helper.make_graph(builder.nodes, "edgespec-drafter", inputs, outputs, builder.inits)

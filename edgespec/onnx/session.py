@@ -71,7 +71,8 @@ def open_session(model: Path, provider: str, n_threads: int | None) -> tuple[ort
                 if session.get_providers()[0] == PROVIDERS[provider]:
                     return session, provider
                 log.warning("onnx provider %s did not take the graph; drafting on the CPU", provider)
-            except Exception as exc:  # onnxruntime raises plain RuntimeError/Fail for a refusal
+            # onnxruntime's own errors (Fail, EPFail, InvalidGraph...) derive from Exception only
+            except Exception as exc:  # noqa: BLE001
                 log.warning("onnx provider %s refused the graph (%s); drafting on the CPU",
                             provider, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return ort.InferenceSession(str(model), so, providers=[PROVIDERS["cpu"]]), "cpu"
