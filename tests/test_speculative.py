@@ -110,24 +110,30 @@ def _plain_logits_at(engine: Engine, prompt_tokens: list[int], plain: tuple[int,
     return logits
 
 
-def _batched_logits(engine: Engine, context: list[int], after: list[int], m: int, size: int) -> np.ndarray:
-    """Logits after ``context`` from a row at index m - 1 of a ``size``-row batch.
-
-    The batch is the last ``m`` context tokens followed by ``after`` (as a verification batch:
-    pending, then drafts); the rest of the context is prefilled before it.
-    """
-    engine.reset()
-    engine.seq.sync(context[:-m])
-    rows = context[-m:] + list(after[: size - m])
-    base = len(context) - m
-    out = engine.ctx.decode(rows, range(base, base + len(rows)), [[0]] * len(rows),
-                            [i == m - 1 for i in range(len(rows))])[0]
-    engine.reset()
-    return out
-
-
 # Verification batch shapes (row index + 1, rows) measured at a divergence: drafts of up to 8.
 BATCH_SHAPES = ((1, 2), (1, 5), (1, 9), (3, 9), (6, 9))
+
+
+def _local_deviation(engine: Engine, context: list[int], after: list[int], single: np.ndarray) -> float:
+    """How far batched evaluation moves the logits after ``context``: the largest difference
+    from ``single`` of the row after the last context token at index m - 1 of a ``size``-row
+    batch (the last m context tokens, then ``after`` as drafts), over BATCH_SHAPES."""
+    keep = len(context) - max(m for m, _ in BATCH_SHAPES)
+    engine.reset()
+    engine.seq.sync(context[:keep])  # the prefix every shape shares, evaluated once
+    worst = 0.0
+    for m, size in BATCH_SHAPES:
+        engine.ctx.seq_rm(0, keep, -1)
+        lead = context[keep:len(context) - m]
+        if lead:
+            engine.ctx.decode(lead, range(keep, keep + len(lead)), [[0]] * len(lead), [False] * len(lead))
+        rows = context[-m:] + list(after[: size - m])
+        base = len(context) - m
+        row = engine.ctx.decode(rows, range(base, base + len(rows)), [[0]] * len(rows),
+                                [i == m - 1 for i in range(len(rows))])[0]
+        worst = max(worst, float(np.abs(row - single).max()))
+    engine.reset()
+    return worst
 
 
 def _near_tie(engine: Engine, prompt: list[int], plain: tuple[int, ...], spec: tuple[int, ...], j: int) -> dict:
@@ -140,11 +146,10 @@ def _near_tie(engine: Engine, prompt: list[int], plain: tuple[int, ...], spec: t
     """
     single = _plain_logits_at(engine, prompt, plain, j)
     context = list(prompt) + list(plain[:j])
-    deviation = max(float(np.abs(_batched_logits(engine, context, list(spec[j:]), m, size) - single).max())
-                    for m, size in BATCH_SHAPES)
     top2 = np.sort(single)[-2:]
     return {"position": j, "gap": float(single[plain[j]] - single[spec[j]]),
-            "top2_gap": float(top2[1] - top2[0]), "local_deviation": deviation}
+            "top2_gap": float(top2[1] - top2[0]),
+            "local_deviation": _local_deviation(engine, context, list(spec[j:]), single)}
 
 
 class PlainRun:
@@ -224,10 +229,12 @@ def test_f32_speculative_greedy_equals_plain(draft, tree, f32_path, f32_plain, m
 
 
 # -- quantized: Qwen pair, modulo numerics near-ties -----------------------------------------
-# Measured (2-core AVX-512 VM, 8 prompts x 64 tokens): MEASURED_QUANT. The bound leaves room
-# for a different CPU's kernels, not for a bug: a KV or acceptance bug diverges on most prompts,
-# and never only at a measured near-tie.
-MAX_QUANT_DIVERGENCES = 3
+# Q4_K_M numerics: batched rows differ from one-token rows by up to ~2 logits on this CPU, so
+# greedy answers part at near-ties often: 7-11 of 20 answers per drafter over 64 tokens (README,
+# AVX-512 VM), at most 55%; here suffix parted 2 of these 8 (gaps 0.004 and 0.034 against local
+# deviations 0.59 and 0.44; 408 drafted, 121 accepted). Bound: 5 of 8. A KV or acceptance bug
+# parts nearly every answer, and not only where the two candidates are within the deviation.
+MAX_QUANT_DIVERGENCES = 5
 
 
 @pytest.fixture(scope="module")
