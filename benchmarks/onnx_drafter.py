@@ -132,7 +132,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(args.one, args.threads, Path(args.shared))))
         return
-    records = []
+    records, load = [], [os.getloadavg()[0]]
     for config in CONFIGS:
         r = subprocess.run([sys.executable, __file__, "--one", config, "--threads", str(args.threads),
                             "--shared", args.shared],
@@ -141,10 +141,13 @@ def main() -> None:
         print(f"{config:11s} {records[-1]['ms_per_drafted_token']:6.1f} ms/token "
               f"{records[-1]['ms_per_tree']:7.1f} ms/tree({records[-1]['tree_nodes']}) "
               f"peak RSS {records[-1]['peak_rss_bytes'] / 2**20:6.0f} MiB", file=sys.stderr)
+        load.append(os.getloadavg()[0])
     import onnxruntime
 
     machine = {"platform": platform.platform(), "processor": platform.processor(),
-               "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__}
+               "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__,
+               # other engineers' jobs share the machine: 1-minute load before and after each config
+               "load_average_1m": load}
     Path(args.out).write_text(json.dumps({"machine": machine, "records": records}, indent=2) + "\n")
 
 
