@@ -32,7 +32,7 @@ from edgespec.errors import BackendError, InvalidRequest
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
 from edgespec.spec.verify import fit_draft, is_chain, leaves_of, path_layout
-from fake_model import BOS, EOS, FakeContext, FakeModel, KVLayoutError
+from fake_model import BOS, FakeContext, FakeModel, KVLayoutError
 
 TARGET = FakeModel(n_vocab=96, seed=0)
 # Shares the target's base logits, plus its own noise: agrees with the target most of the time.

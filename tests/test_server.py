@@ -142,10 +142,12 @@ def test_host_check_and_model_names():
 def test_metrics_text_format():
     from edgespec.decode.events import GenerationStats
     from edgespec.server.app import Metrics
+    from edgespec.spec.stats import DrafterCounts, SpecStats
 
     m = Metrics()
-    stats = GenerationStats(prompt_tokens=5, generated_tokens=9, gen_s=2.0, finish_reason="stop",
-                            extra={"by_drafter": {"suf\"fix": {"steps": 4, "drafted": 6, "accepted": 5}}})
+    spec = SpecStats(mode="suffix", steps=4, drafted=6, accepted=5,
+                     by_drafter={"suf\"fix": DrafterCounts(steps=4, drafted=6, accepted=5)})
+    stats = GenerationStats(prompt_tokens=5, generated_tokens=9, gen_s=2.0, finish_reason="stop", spec=spec)
     m.generation("chat", DoneEvent("x", (1,), stats))
     m.http_response("/v1/chat/completions", 200)
     m.http_response("/secret/../path", 404)
@@ -215,10 +217,10 @@ def test_generate_stream_and_chat(engine):
     assert events[-1].stats.spec.steps > 0  # speculative decoding ran (draft="auto")
     answer = engine.chat([{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0)
     assert answer.text and answer.stats.prompt_tokens > 5
-    # The older entry points keep working, with a request object.
-    old = engine.generate_chat([{"role": "user", "content": "Say hello."}],
-                               GenerationRequest(max_tokens=8, sampling=make_request(temperature=0).sampling))
-    assert old.text == answer.text
+    # A request object works as well as keyword options.
+    same = engine.chat([{"role": "user", "content": "Say hello."}],
+                       GenerationRequest(max_tokens=8, sampling=make_request(temperature=0).sampling))
+    assert same.text == answer.text
 
 
 def test_bad_input_is_typed(engine):
