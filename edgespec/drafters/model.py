@@ -32,10 +32,44 @@ NAME = "model"
 MAX_TREE_NODES = 63  # each tree node needs a sequence id while drafting
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
+def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max()
     return x - m - np.log(np.exp(x - m).sum())
+
+
+def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params: SamplingParams,
+                rng: np.random.Generator, min_confidence: float, append, source: str) -> DraftTree:
+    """A chain of at most ``budget`` drafted tokens after ``context`` (shared by the llama.cpp
+    and ONNX drafters); ``append(token)`` decodes a token and returns the logits after it.
+
+    Greedy takes the argmax, sampling draws from the drafter's distribution under the request's
+    sampler settings and records it (exact rejection sampling needs q). Drafting stops when the
+    top probability falls below ``min_confidence``; the test uses the distribution's maximum,
+    never the drawn token, so a continuing draft is still an unconditioned sample of q.
+    """
+    tokens: list[int] = []
+    q_ids: list[np.ndarray] = []
+    q_probs: list[np.ndarray] = []
+    sampling = not params.greedy
+    for k in range(budget):
+        if sampling:
+            q = target_probs(logits, params, recent_window(list(context) + tokens, params))
+            if q.max() < min_confidence:
+                break
+            ids = np.flatnonzero(q)
+            token = sample_from(q, rng)
+            q_ids.append(ids)
+            q_probs.append(q[ids])
+        else:
+            lp = log_softmax(logits)
+            token = int(np.argmax(lp))
+            if np.exp(lp[token]) < min_confidence:
+                break
+        tokens.append(token)
+        if k + 1 < budget:
+            logits = append(token)
+    return DraftTree.chain(tokens, source, q_ids if sampling else None, q_probs if sampling else None)
 
 
 class ModelDrafter:
@@ -96,28 +130,8 @@ class ModelDrafter:
         return self._chain(context, logits, budget)
 
     def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
-        tokens: list[int] = []
-        q_ids: list[np.ndarray] = []
-        q_probs: list[np.ndarray] = []
-        sampling = not self.params.greedy
-        for k in range(budget):
-            if sampling:
-                q = target_probs(logits, self.params, recent_window(list(context) + tokens, self.params))
-                if q.max() < self.min_confidence:
-                    break
-                ids = np.flatnonzero(q)
-                token = sample_from(q, self.rng)
-                q_ids.append(ids)
-                q_probs.append(q[ids])
-            else:
-                lp = _log_softmax(logits)
-                token = int(np.argmax(lp))
-                if np.exp(lp[token]) < self.min_confidence:
-                    break
-            tokens.append(token)
-            if k + 1 < budget:
-                logits = self.seq.append(token)
-        return DraftTree.chain(tokens, NAME, q_ids if sampling else None, q_probs if sampling else None)
+        return draft_chain(context, logits, budget, self.params, self.rng, self.min_confidence,
+                           self.seq.append, NAME)
 
     def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
         base = len(context)  # position of depth-1 nodes
@@ -130,7 +144,7 @@ class ModelDrafter:
 
         def push_children(parent: int, parent_logp: float, row: np.ndarray) -> None:
             nonlocal order
-            lp = _log_softmax(row)
+            lp = log_softmax(row)
             for t in np.argpartition(-lp, self.branch)[: self.branch]:
                 heapq.heappush(heap, (-(parent_logp + lp[t]), order, parent, int(t)))
                 order += 1

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams, recent_window, sample_from, target_probs
+from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.tokens import fast_common_prefix
+from edgespec.drafters.model import log_softmax, draft_chain
 from edgespec.onnx.session import MASKED, OnnxLM
 from edgespec.spec.tree import DraftTree
 
@@ -31,12 +32,6 @@ log = logging.getLogger(__name__)
 NAME = "onnx"
 MAX_TREE_NODES = 63
 PREFILL_CHUNK = 256  # rows per pass while catching up: bounds the attention bias (S x T floats)
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
 
 
 def tree_bias(parents: Sequence[int], base: int, nodes: Sequence[int]) -> np.ndarray:
@@ -131,28 +126,8 @@ class OnnxDrafter:
         return self._chain(context, logits, budget)
 
     def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
-        tokens: list[int] = []
-        q_ids: list[np.ndarray] = []
-        q_probs: list[np.ndarray] = []
-        sampling = not self.params.greedy
-        for k in range(budget):
-            if sampling:
-                q = target_probs(logits, self.params, recent_window(list(context) + tokens, self.params))
-                if q.max() < self.min_confidence:
-                    break
-                ids = np.flatnonzero(q)
-                token = sample_from(q, self.rng)
-                q_ids.append(ids)
-                q_probs.append(q[ids])
-            else:
-                lp = _log_softmax(logits)
-                token = int(np.argmax(lp))
-                if np.exp(lp[token]) < self.min_confidence:
-                    break
-            tokens.append(token)
-            if k + 1 < budget:
-                logits = self.append(token)
-        return DraftTree.chain(tokens, NAME, q_ids if sampling else None, q_probs if sampling else None)
+        return draft_chain(context, logits, budget, self.params, self.rng, self.min_confidence,
+                           self.append, NAME)
 
     def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
         tokens: list[int] = []
@@ -162,7 +137,7 @@ class OnnxDrafter:
         order = itertools.count()
 
         def push_children(parent: int, parent_logp: float, row: np.ndarray) -> None:
-            lp = _log_softmax(row)
+            lp = log_softmax(row)
             for t in np.argpartition(-lp, self.branch)[: self.branch]:
                 heapq.heappush(heap, (-(parent_logp + lp[t]), next(order), parent, int(t)))
 

@@ -25,6 +25,7 @@ their vocabularies are, which speculative decoding needs of a draft and a target
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import logging
 import mmap
@@ -566,13 +567,9 @@ def _open_checked(path: str) -> tuple[Any, int]:
     return f, os.fstat(f.fileno()).st_size
 
 
-def read_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Parse and validate the header of the GGUF file at ``path``.
-
-    Raises InvalidGGUF(path, problem) for anything wrong, including a missing or unreadable
-    path or a directory.  The tensor data is not read, only checked to lie within the file.
-    """
-    path = os.fspath(path)
+@contextlib.contextmanager
+def _mapped(path: str):
+    """A _Reader over the whole file at ``path``, mapped read-only; InvalidGGUF if it cannot be."""
     f, size = _open_checked(path)
     with f:
         if size == 0:
@@ -582,9 +579,20 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         except (OSError, ValueError) as e:
             raise InvalidGGUF(path, f"cannot map the file: {e}") from None
         try:
-            g = _parse(_Reader(path, mm, size))
+            yield _Reader(path, mm, size)
         finally:
             mm.close()
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Parse and validate the header of the GGUF file at ``path``.
+
+    Raises InvalidGGUF(path, problem) for anything wrong, including a missing or unreadable
+    path or a directory.  The tensor data is not read, only checked to lie within the file.
+    """
+    path = os.fspath(path)
+    with _mapped(path) as r:
+        g = _parse(r)
     log.debug("read %s: GGUF v%d, %d keys, %d tensors", path, g.version, len(g.metadata),
               len(g.tensors))
     return g
@@ -615,22 +623,11 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
     Raises InvalidGGUF.
     """
     path = os.fspath(path)
-    f, size = _open_checked(path)
-    with f:
-        if size == 0:
-            raise InvalidGGUF(path, "file is empty")
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise InvalidGGUF(path, f"cannot map the file: {e}") from None
-        try:
-            r = _Reader(path, mm, size)
-            spans: dict[str, tuple[int, int]] = {}
-            version, metadata, alignment, raw, data_offset = _parse_infos(r, spans)
-            _check_packed(r, raw, alignment)
-            raw_kv = {k: mm[a:b] for k, (a, b) in spans.items()}
-        finally:
-            mm.close()
+    with _mapped(path) as r:
+        spans: dict[str, tuple[int, int]] = {}
+        version, metadata, alignment, raw, data_offset = _parse_infos(r, spans)
+        _check_packed(r, raw, alignment)
+        raw_kv = {k: r.buf[a:b] for k, (a, b) in spans.items()}
     tensors = tuple(TensorInfo(t.name, t.shape, t.ggml_type, GGML_TYPES[t.ggml_type][0],
                                data_offset + t.rel_offset, t.nbytes) for t in raw)
     return GGUFHeader(path, version, alignment, data_offset, metadata, raw_kv, tensors)
