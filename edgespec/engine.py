@@ -29,6 +29,7 @@ from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest, make_request
 from edgespec.decode.sequence import KVSequence
 from edgespec.files.store import ModelStore
+from edgespec.llama.kernels import default_flash_attn
 
 log = logging.getLogger(__name__)
 
@@ -305,16 +306,11 @@ class Engine:
 
 
 def _flash_attn(config: EngineConfig) -> bool | None:
-    """Flash attention for an unbudgeted context.
-
-    On the CPU, llama.cpp's flash-attention kernel is slower for the multi-token batches that
-    verification sends: after 900 tokens of context a 17-token batch of the 1.5B target took
-    385 ms with it and 317-341 ms without (2-core AVX-512 VM); one-token decodes cost the same.
-    GPUs keep llama.cpp's default (on).
-    """
+    """Flash attention for an unbudgeted context: the user's choice, else the engine's default
+    (edgespec.llama.kernels.default_flash_attn, which the planner asks too)."""
     if config.flash_attn is not None:
         return config.flash_attn
-    return None if config.n_gpu_layers else False
+    return default_flash_attn(on_gpu=config.n_gpu_layers != 0)
 
 
 def _last(events: Iterator[TokenEvent | DoneEvent]) -> DoneEvent:
