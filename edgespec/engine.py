@@ -66,6 +66,10 @@ class EngineConfig:
     ram_budget: int | None = None
     # Requests that may wait behind the running one (None: no limit); one more raises QueueFull.
     max_queue: int | None = None
+    # The onnx drafter: onnxruntime execution provider (edgespec.onnx.providers.PROVIDERS; one
+    # absent or refusing the graph falls back to the CPU) and which conversion ("exact" | "4").
+    onnx_provider: str = "cpu"
+    onnx_bits: str = "exact"
 
     def __post_init__(self) -> None:
         if isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int) or not 1 <= self.draft_max <= 64:
@@ -83,6 +87,9 @@ class EngineConfig:
         if self.max_queue is not None and (isinstance(self.max_queue, bool)
                                            or not isinstance(self.max_queue, int) or self.max_queue < 0):
             raise InvalidRequest(f"max_queue must be a non-negative integer, got {self.max_queue!r}")
+        from edgespec.drafters import check_onnx_options
+
+        check_onnx_options(self.onnx_provider, self.onnx_bits)
 
     @property
     def n_seq(self) -> int:
@@ -138,7 +145,8 @@ class Engine:
 
         p = self.placement
         draft_cfg = DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=config.draft_tree,
-                                n_ctx=self.ctx.n_ctx, n_threads=config.n_threads)
+                                n_ctx=self.ctx.n_ctx, n_threads=config.n_threads,
+                                onnx_provider=config.onnx_provider, onnx_bits=config.onnx_bits)
         if p is not None:
             draft_cfg = replace(draft_cfg, kind=p.draft, allow_model=p.model_drafter_allowed,
                                 model_params=p.draft_model_params, suffix_history_tokens=p.suffix_cap_tokens,

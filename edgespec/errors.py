@@ -57,3 +57,7 @@ class QueueFull(EdgespecError):
 
 class UnsupportedModel(EdgespecError):
     """A model's architecture or weight format is outside what an operation supports."""
+
+
+class UnknownProvider(InvalidRequest):
+    """An ONNX execution provider name is not one edgespec knows (edgespec.onnx.session.PROVIDERS)."""

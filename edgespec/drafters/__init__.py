@@ -19,6 +19,7 @@ from edgespec.files.modelfile import model_file
 from edgespec.files.store import ModelStore
 from edgespec.files.vocab import check_compatible
 from edgespec.llama.backend import LlamaModel, ModelParams
+from edgespec.onnx.convert import BITS as ONNX_BITS
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ class DrafterKind:
     model: str  # "never" | "always" | "optional" (auto: uses a drafter model if one is present)
     suffix: bool  # keeps a suffix index over requests (~BYTES_PER_TOKEN a held token)
     help: str
+    # Runs the drafter model converted to ONNX on onnxruntime (not a llama.cpp load): the planner
+    # counts its graph, KV buffer and arena (edgespec.memory.footprint.estimate_onnx_drafter).
+    onnx_model: bool = False
 
     @property
     def may_load_model(self) -> bool:
@@ -47,7 +51,8 @@ KINDS = {k.name: k for k in (
     DrafterKind("hybrid", "always", True, "the suffix draft when its match is long, else the model"),
     DrafterKind("auto", "optional", True, "per step, whichever the calibrated cost model expects to pay"),
     # Its model is an ONNX conversion run by onnxruntime, not a llama.cpp load: "never" here.
-    DrafterKind("onnx", "never", False, "the drafter model converted to ONNX, run by onnxruntime"),
+    DrafterKind("onnx", "never", False, "the drafter model converted to ONNX, run by onnxruntime",
+                onnx_model=True),
 )}
 NAMES = tuple(KINDS)
 
@@ -70,6 +75,20 @@ class DraftConfig:
     allow_model: bool = True  # False under a RAM budget the drafter model does not fit
     model_params: ModelParams | None = None  # placement of the drafter model (planner's choice)
     calibration_tag: str = ""  # e.g. "-filebacked": costs differ from a resident load
+    onnx_provider: str = "cpu"  # onnx drafter: execution provider (edgespec.onnx.providers.PROVIDERS)
+    onnx_bits: str = "exact"  # onnx drafter: which conversion ("exact" | "4", edgespec.onnx.convert)
+
+    def __post_init__(self) -> None:
+        check_onnx_options(self.onnx_provider, self.onnx_bits)
+
+
+def check_onnx_options(provider: str, bits: str) -> None:
+    """Raises UnknownProvider / InvalidRequest for an unknown --onnx-provider / --onnx-bits."""
+    from edgespec.onnx.providers import check_provider
+
+    check_provider(provider)
+    if bits not in ONNX_BITS:
+        raise InvalidRequest(f"--onnx-bits must be one of {', '.join(ONNX_BITS)}, not {bits!r}")
 
 
 def drafter_model_path(draft: str, draft_model: str | None, target_fingerprint: str,
@@ -171,8 +190,8 @@ def _build_onnx(cfg, model, suffix, target_ctx, store):
 
     if target_ctx is None:
         raise ValueError("the onnx drafter needs the target context (its model's vocabulary)")
-    return make_onnx_drafter(target_ctx.model, store, cfg.draft_model, tree=cfg.tree,
-                             n_threads=cfg.n_threads, n_ctx=cfg.n_ctx)
+    return make_onnx_drafter(target_ctx.model, store, cfg.draft_model, provider=cfg.onnx_provider,
+                             bits=cfg.onnx_bits, tree=cfg.tree, n_threads=cfg.n_threads, n_ctx=cfg.n_ctx)
 
 
 _BUILDERS = {

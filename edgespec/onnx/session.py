@@ -17,18 +17,10 @@ import onnxruntime as ort
 import psutil
 
 from edgespec.errors import InvalidRequest
+from edgespec.onnx.providers import PROVIDERS, check_provider
 
 log = logging.getLogger(__name__)
 
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "dml": "DmlExecutionProvider",
-    "openvino": "OpenVINOExecutionProvider",
-    "qnn": "QNNExecutionProvider",
-    "coreml": "CoreMLExecutionProvider",
-}
 _DEVICE = {"cuda": "cuda", "tensorrt": "cuda"}  # where a provider wants its KV buffer
 MASKED = np.float32(-np.inf)
 
@@ -55,10 +47,9 @@ def open_session(model: Path, provider: str, n_threads: int | None) -> tuple[ort
     Returns:
         (session, the provider short name actually used).
     Raises:
-        InvalidRequest: ``provider`` is not a name in PROVIDERS.
+        UnknownProvider: ``provider`` is not a name in PROVIDERS.
     """
-    if provider not in PROVIDERS:
-        raise InvalidRequest(f"--onnx-provider must be one of {', '.join(PROVIDERS)}, not {provider!r}")
+    check_provider(provider)
     so = _options(n_threads)
     if provider != "cpu":
         if provider not in available_providers():

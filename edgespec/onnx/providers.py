@@ -1,0 +1,45 @@
+"""onnxruntime execution providers by their short names, without importing onnxruntime.
+
+``--onnx-provider`` takes a key of ``PROVIDERS``; EngineConfig and DraftConfig validate it here
+(cheaply) and edgespec.onnx.session opens the session on it, falling back to the CPU.
+"""
+from __future__ import annotations
+
+from edgespec.errors import UnknownProvider
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+}
+NAMES = tuple(PROVIDERS)
+# Providers whose weights and KV buffer live in a discrete GPU's memory, not in RAM.
+GPU_MEMORY = frozenset({"cuda", "tensorrt"})
+
+
+def check_provider(name: str) -> str:
+    """``name`` if it is a key of PROVIDERS; raises UnknownProvider otherwise."""
+    if name not in PROVIDERS:
+        raise UnknownProvider(f"--onnx-provider must be one of {', '.join(NAMES)}, not {name!r}")
+    return name
+
+
+def short_name(full: str) -> str | None:
+    """The short name of an onnxruntime provider (e.g. CUDAExecutionProvider -> cuda), or None."""
+    for short, long in PROVIDERS.items():
+        if long == full:
+            return short
+    return None
+
+
+def present() -> list[str] | None:
+    """onnxruntime's available providers (full names, its order), or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    return list(ort.get_available_providers())
