@@ -46,7 +46,7 @@ def bench(
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL prompt file (id, category, turns|prompt)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Prompts per category (deterministic)."),
     configs: str = typer.Option("plain,suffix", "--configs",
-                                help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, peer:..."),
+                                help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, onnx, peer:..."),
     model: str = c.MODEL,
     draft_model: Optional[str] = c.DRAFT_MODEL,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
@@ -54,6 +54,8 @@ def bench(
     seed: int = typer.Option(0, "--seed", "-s"),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Repeat the whole run and report the spread."),
     draft_max: int = c.DRAFT_MAX,
+    onnx_provider: str = c.ONNX_PROVIDER,
+    onnx_bits: str = c.ONNX_BITS,
     recheck_gap: float = c.RECHECK_GAP,
     share_prefill: bool = typer.Option(False, "--share-prefill",
                                        help="Evaluate each prompt once for all edgespec configs."),
@@ -67,11 +69,15 @@ def bench(
     """Benchmark plain decoding against speculative configurations and peers."""
     if (suite is None) == (prompts is None):
         raise InvalidRequest("pass exactly one of --suite or --prompts")
+    from edgespec.drafters import check_onnx_options
+
+    check_onnx_options(onnx_provider, onnx_bits)  # before the target loads
     items = select(load_suite(suite) if suite else load_prompts(prompts), limit)
     settings = BenchSettings(model=model, draft_model=draft_model, max_tokens=max_tokens,
                              temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
                              draft_max=draft_max, repeats=repeat, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
-                             share_prefill=share_prefill, recheck_gap=recheck_gap)
+                             share_prefill=share_prefill, recheck_gap=recheck_gap,
+                             onnx_provider=onnx_provider, onnx_bits=onnx_bits)
     err = Console(stderr=True, highlight=False)
 
     def progress(n: int, total: int, pid: str, config: str) -> None:

@@ -137,6 +137,8 @@ def chat(
     draft_max: int = c.DRAFT_MAX,
     draft_tree: bool = c.DRAFT_TREE,
     draft_model: Optional[str] = c.DRAFT_MODEL,
+    onnx_provider: str = c.ONNX_PROVIDER,
+    onnx_bits: str = c.ONNX_BITS,
     recheck_gap: float = c.RECHECK_GAP,
     ram_budget: Optional[str] = c.RAM_BUDGET,
     show_drafts: bool = typer.Option(False, "--show-drafts", help="Colour text that came from accepted drafts."),
@@ -149,7 +151,7 @@ def chat(
         max_tokens=max_tokens,
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
     with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
-                               draft_model, ram_budget, recheck_gap) as engine:
+                               draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits) as engine:
         session = ChatSession(engine, request, system)
         write = _writer(show_drafts)
         typer.echo(f"edgespec chat with {model} - /help for commands", err=True)

@@ -28,13 +28,18 @@ MAX_TOKENS = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens to
 SYSTEM = typer.Option(None, "--system", help="System message.")
 STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
 DRAFT = typer.Option("auto", "--draft", "-d",
-                     help="none | suffix | model | hybrid | auto, or a drafter model name/path.")
+                     help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path.")
 DRAFT_MAX = typer.Option(32, "--draft-max", min=1, max=64, help="Most drafted tokens per step.")
 DRAFT_TREE = typer.Option(False, "--draft-tree", help="Model drafter: best-first tree (greedy) instead of a chain.")
 RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
                            help="Greedy: re-decode alone any verified position whose top-2 logit gap is "
                                 "below this (batch numerics can flip such near-ties); 0: off.")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
+ONNX_PROVIDER = typer.Option("cpu", "--onnx-provider",
+                             help="--draft onnx: onnxruntime execution provider, cpu | cuda | tensorrt | dml | "
+                                  "openvino | qnn | coreml (one absent or refusing the graph falls back to cpu).")
+ONNX_BITS = typer.Option("exact", "--onnx-bits",
+                         help="--draft onnx: which conversion, exact (the GGUF's blocks) | 4 (4-bit, smaller, faster).")
 RAM_BUDGET = typer.Option(None, "--ram-budget",
                           help="Resident memory limit (2GiB, 2048M, bytes): the planner fits everything under it.")
 
@@ -42,11 +47,12 @@ RAM_BUDGET = typer.Option(None, "--ram-budget",
 def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,
                         draft: str = "auto", draft_max: int = 32, draft_tree: bool = False,
                         draft_model: str | None = None, ram_budget: str | None = None,
-                        recheck_gap: float = 0.0) -> Engine:
+                        recheck_gap: float = 0.0, onnx_provider: str = "cpu", onnx_bits: str = "exact") -> Engine:
     """Loads the target and its drafter (errors are typed and become one-line CLI messages)."""
     return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
                                draft=draft, draft_max=draft_max, draft_tree=draft_tree, recheck_gap=recheck_gap,
-                               draft_model=draft_model, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None))
+                               draft_model=draft_model, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
+                               onnx_provider=onnx_provider, onnx_bits=onnx_bits))
 
 
 def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: float,

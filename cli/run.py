@@ -32,6 +32,8 @@ def run(
     draft_max: int = c.DRAFT_MAX,
     draft_tree: bool = c.DRAFT_TREE,
     draft_model: Optional[str] = c.DRAFT_MODEL,
+    onnx_provider: str = c.ONNX_PROVIDER,
+    onnx_bits: str = c.ONNX_BITS,
     recheck_gap: float = c.RECHECK_GAP,
     ram_budget: Optional[str] = c.RAM_BUDGET,
     ctx: int = c.CTX,
@@ -45,7 +47,7 @@ def run(
         max_tokens=max_tokens, stop=tuple(stop or ()),
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
     with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
-                               draft_model, ram_budget, recheck_gap) as engine:
+                               draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits) as engine:
         if raw:
             tokens = engine.text_tokens(text)
         else:

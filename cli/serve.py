@@ -34,6 +34,8 @@ def serve(
     draft_max: int = c.DRAFT_MAX,
     draft_tree: bool = c.DRAFT_TREE,
     draft_model: Optional[str] = c.DRAFT_MODEL,
+    onnx_provider: str = c.ONNX_PROVIDER,
+    onnx_bits: str = c.ONNX_BITS,
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     n_gpu_layers: int = c.GPU_LAYERS,
@@ -56,19 +58,22 @@ def serve(
         raise click_exc.ClickException(
             f"the server needs the [server] extra ({exc.name} is missing): "
             "pip install 'edgespec[server]'") from None
+    from edgespec.drafters import check_onnx_options
     from edgespec.engine import Engine, EngineConfig
     from edgespec.files.store import ModelStore
     from edgespec.units import format_bytes
 
     store = ModelStore()
     path = store.resolve(model)  # ModelNotFound now, before anything listens
+    check_onnx_options(onnx_provider, onnx_bits)  # UnknownProvider too
     model_id, aliases = srv.model_names(model, path)
     budget: Optional[int] = ram_budget  # already parsed by the callback
 
     def load() -> Engine:
         engine = Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
                                      draft=draft, draft_max=draft_max, draft_tree=draft_tree,
-                                     draft_model=draft_model, max_queue=max_queue), store)
+                                     draft_model=draft_model, max_queue=max_queue,
+                                     onnx_provider=onnx_provider, onnx_bits=onnx_bits), store)
         if budget is not None:
             need = srv.engine_memory_bytes(engine)
             if need > budget:

@@ -51,6 +51,8 @@ class BenchSettings:
     repeats: int = 1
     ram_budget: int | None = None
     share_prefill: bool = False
+    onnx_provider: str = "cpu"  # the onnx configuration's execution provider
+    onnx_bits: str = "exact"  # ... and conversion
 
 
 @dataclass
@@ -98,7 +100,8 @@ class _Runners:
 
     def _draft_config(self, kind: str) -> DraftConfig:
         cfg = DraftConfig(kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
-                          n_threads=self.settings.threads)
+                          n_threads=self.settings.threads, onnx_provider=self.settings.onnx_provider,
+                          onnx_bits=self.settings.onnx_bits)
         p = self.engine.placement
         if p is not None:
             cfg = replace(cfg, allow_model=p.model_drafter_allowed, suffix_history_tokens=p.suffix_cap_tokens,
