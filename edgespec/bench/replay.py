@@ -1,0 +1,556 @@
+"""Exact replay of greedy speculative decoding from recorded traces, against any machine's costs.
+
+For greedy decoding the target's token at every position is the plain greedy output, so what a
+verification accepts is decided by the plain output alone: the longest path of the draft that
+follows it. A *trace* records, per benchmark prompt, on the development machine with the real
+models: the prompt's token ids, the plain greedy output (the EOG token appended when the answer
+ended with one), and the drafter model's greedy chain along that output, teacher-forced
+(``DrafterTrace``). Replay then runs the REAL request loop (``Decoder``), the real speculative
+step and the real suffix / hybrid / auto drafters over a ``TraceSequence`` (the target as an
+oracle that answers from the trace and books every batch it would decode), with
+``TraceChainDrafter`` standing in for the drafter model, and prices the booked batches with a
+``MachineCosts`` (verify cost vs batch size, drafter cost per batch). Steps, drafted and
+accepted tokens are exact (modulo batch-numerics near-ties on the recording machine); seconds
+are as good as the cost curves.
+
+The chain drafter needs no drafting per position: its greedy chain from position p follows the
+plain output while the drafter's argmax equals it (``top[q] == output[q]``) and its confidence
+stays above ``min_confidence``; at the first miss it drafts ``top[q]`` and then ``off_run[q]``
+further tokens off the plain path (recorded once per miss, since that continuation does not
+depend on where the chain started). Model-drafted *trees* are not replayed.
+
+Vocabulary as in edgespec.spec.tree. Record with ``benchmarks/replay/record.py``, replay with
+``benchmarks/replay/replay.py``.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.bench.summary import PLAIN, Record, summarize
+from edgespec.decode.events import DoneEvent
+from edgespec.decode.loop import Decoder
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.tokens import common_prefix
+from edgespec.drafters.auto.drafter import AutoDrafter
+from edgespec.drafters.auto.policy import CostModel
+from edgespec.drafters.hybrid import HybridDrafter
+from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.spec.step import SpeculativeStep
+from edgespec.spec.tree import DraftTree
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+OFF_PATH = -1  # token id standing for a drafted token off the plain path (never accepted)
+CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto")  # "model-tree" is not replayed
+N_BATCH = 512  # prompt / sync chunks (ContextParams.n_batch)
+
+
+# -- trace format -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DrafterTrace:
+    """The drafter model teacher-forced over prompt + plain output; index q = output position.
+
+    ``top_ids[q]`` / ``top_logprobs[q]``: its best few tokens for output[q] (given prompt +
+    output[:q]) and their log-probs, best first; ``plain_logprob[q]``: log-prob of output[q];
+    ``confident[q]``: its top probability is at least ``min_confidence`` (kept exactly, as the
+    stored log-probs are rounded); ``off_run[q]``: at a confident miss (``top_ids[q][0] !=
+    output[q]``), how many tokens its free-running greedy chain drafts after ``top_ids[q][0]``
+    before its confidence falls below ``min_confidence`` (at most ``off_cap``); 0 elsewhere.
+    """
+
+    top_ids: tuple[tuple[int, ...], ...]
+    top_logprobs: tuple[tuple[float, ...], ...]
+    plain_logprob: tuple[float, ...]
+    confident_at: tuple[bool, ...]
+    off_run: tuple[int, ...]
+    min_confidence: float
+    off_cap: int
+
+    def top(self, q: int) -> int:
+        return self.top_ids[q][0]
+
+    def confident(self, q: int) -> bool:
+        return q < len(self.confident_at) and self.confident_at[q]
+
+
+@dataclass(frozen=True)
+class PromptTrace:
+    """One benchmark prompt: its tokens, the plain greedy output and the drafter's chain."""
+
+    id: str
+    category: str
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]  # plain greedy output; ends with the EOG token when finish == "stop"
+    finish: str  # "stop" (EOG) | "length"
+    drafter: DrafterTrace | None = None
+
+    @property
+    def eog(self) -> int | None:
+        return self.output[-1] if self.finish == "stop" else None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A suite's traces and how they were recorded (model, max_tokens, machine)."""
+
+    suite: str
+    max_tokens: int
+    prompts: tuple[PromptTrace, ...]
+    meta: dict = field(default_factory=dict)
+
+
+def _prompt_to_dict(p: PromptTrace) -> dict:
+    d = {"id": p.id, "category": p.category, "prompt": list(p.prompt), "output": list(p.output),
+         "finish": p.finish}
+    if p.drafter is not None:
+        t = p.drafter
+        d["drafter"] = {"top_ids": [list(x) for x in t.top_ids],
+                        "top_logprobs": [[round(v, 3) for v in x] for x in t.top_logprobs],
+                        "plain_logprob": [round(v, 3) for v in t.plain_logprob],
+                        "confident": [int(c) for c in t.confident_at], "off_run": list(t.off_run),
+                        "min_confidence": t.min_confidence, "off_cap": t.off_cap}
+    return d
+
+
+def _prompt_from_dict(d: dict) -> PromptTrace:
+    t = d.get("drafter")
+    drafter = None if t is None else DrafterTrace(
+        tuple(tuple(x) for x in t["top_ids"]), tuple(tuple(x) for x in t["top_logprobs"]),
+        tuple(t["plain_logprob"]), tuple(bool(c) for c in t["confident"]), tuple(t["off_run"]),
+        t["min_confidence"], t["off_cap"])
+    return PromptTrace(d["id"], d["category"], tuple(d["prompt"]), tuple(d["output"]), d["finish"], drafter)
+
+
+def save_trace(trace: Trace, path: str | Path) -> None:
+    """Writes gzip JSON (one object; token ids and 3-decimal log-probs)."""
+    obj = {"version": VERSION, "suite": trace.suite, "max_tokens": trace.max_tokens, "meta": trace.meta,
+           "prompts": [_prompt_to_dict(p) for p in trace.prompts]}
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(obj, f, separators=(",", ":"))
+
+
+def load_trace(path: str | Path) -> Trace:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        obj = json.load(f)
+    if obj.get("version") != VERSION:
+        raise ValueError(f"{path}: trace version {obj.get('version')}, expected {VERSION}")
+    return Trace(obj["suite"], obj["max_tokens"], tuple(_prompt_from_dict(d) for d in obj["prompts"]),
+                 obj.get("meta", {}))
+
+
+# -- costs --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MachineCosts:
+    """What a machine's decodes cost, in seconds.
+
+    ``target``: verify-cost curves (``CostModel.verify``: seconds for a batch of n tokens) at
+    one or more context depths, linearly interpolated in depth (clamped outside). ``drafter``:
+    the drafter model's batch curve (its n = 1 entry is the cost of one drafted token).
+    ``policy``: the CostModel the auto drafter decides with (its calibration on that machine);
+    default: the target curve nearest 512 tokens of context and the drafter's one-token cost.
+    ``step_s``: Python-side seconds every step adds beyond its decodes.
+    """
+
+    name: str
+    target: tuple[tuple[int, CostModel], ...]  # (context depth, curve), increasing depth
+    drafter: CostModel | None = None
+    policy: CostModel | None = None
+    step_s: float = 0.0
+
+    def verify(self, n: int, depth: int) -> float:
+        depths = [d for d, _ in self.target]
+        costs = [c.verify(n) for _, c in self.target]
+        return float(np.interp(depth, depths, costs))
+
+    def draft(self, n: int) -> float:
+        if self.drafter is None:
+            raise ValueError(f"cost model {self.name!r} has no drafter curve")
+        return self.drafter.verify(n)
+
+    def policy_model(self) -> CostModel:
+        if self.policy is not None:
+            return self.policy
+        _, curve = min(self.target, key=lambda dc: abs(dc[0] - 512))
+        return CostModel(curve.batch_sizes, curve.verify_s, self.draft(1) if self.drafter else 0.0)
+
+
+def curve(points: dict[int, float], scale: float = 1.0) -> CostModel:
+    """A CostModel from {batch size: cost}; ``scale`` converts units (1e-3 for milliseconds)."""
+    sizes = sorted(points)
+    return CostModel(tuple(sizes), tuple(points[n] * scale for n in sizes))
+
+
+class Ledger:
+    """Seconds booked by the oracle target and the chain drafter during one replayed request."""
+
+    def __init__(self, costs: MachineCosts):
+        self.costs = costs
+        self.target_s = 0.0
+        self.drafter_s = 0.0
+        self.target_rows = 0
+        self.target_decodes = 0  # steps, the EOG step of a plain answer included
+        self.drafter_rows = 0
+        self.drafter_decodes = 0
+
+    def target(self, n: int, depth: int) -> None:
+        self.target_s += self.costs.verify(n, depth)
+        self.target_rows += n
+        self.target_decodes += 1
+
+    def drafter(self, n: int) -> None:
+        self.drafter_s += self.costs.draft(n)
+        self.drafter_rows += n
+        self.drafter_decodes += 1
+
+
+def costs_from_json(obj: dict, name: str = "") -> MachineCosts:
+    """MachineCosts from ``{"target": {depth: {n: seconds}}, "drafter": {n: seconds},
+    "policy": {"batch_sizes", "verify_s", "draft_token_s"}, "step_s"}`` (keys may be strings)."""
+    target = tuple(sorted((int(d), curve({int(n): s for n, s in pts.items()})) for d, pts in obj["target"].items()))
+    drafter = obj.get("drafter")
+    policy = obj.get("policy")
+    return MachineCosts(
+        name or obj.get("name", ""), target,
+        curve({int(n): s for n, s in drafter.items()}) if drafter else None,
+        CostModel(tuple(policy["batch_sizes"]), tuple(policy["verify_s"]), policy["draft_token_s"]) if policy else None,
+        obj.get("step_s", 0.0))
+
+
+# -- the oracle target and the chain drafter -----------------------------------------------------
+class TraceModel:
+    """The model-facing part the request loop needs: EOG and (empty) token text."""
+
+    def __init__(self, trace: PromptTrace):
+        self._eog = trace.eog
+
+    def is_eog(self, token: int) -> bool:
+        return token == self._eog
+
+    def token_piece(self, token: int) -> bytes:
+        return b""
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    n_ctx: int
+
+
+class _Verification:
+    def __init__(self, seq: "TraceSequence", pending: int, draft: DraftTree):
+        self._seq, self._pending, self._draft = seq, pending, draft
+        self._depth = draft.depth()
+        self.committed = False
+
+    def rows(self, r: int) -> np.ndarray:
+        """Row r's logits (one-hot at the plain token); only rows on the plain path are known."""
+        seq, q0 = self._seq, len(self._seq.tokens) + 1 - len(self._seq.prompt)
+        path = self._draft.path_to(r - 1) if r > 0 else []
+        if [int(self._draft.tokens[i]) for i in path] != list(seq.output[q0:q0 + len(path)]):
+            raise AssertionError(f"row {r} is off the plain path: the trace does not know it")
+        return seq.logits(q0 + len(path))
+
+    def commit(self, path: Sequence[int]) -> None:
+        self._seq.tokens.extend([self._pending] + [int(self._draft.tokens[i]) for i in path])
+        self.committed = True
+
+
+class TraceSequence:
+    """KVSequence's interface over a trace: answers with the plain output, books each decode.
+
+    The prompt's prefill (``sync``) is not booked: the bench times generation apart from it.
+    """
+
+    def __init__(self, trace: PromptTrace, ledger: Ledger, n_ctx: int, max_paths: int):
+        self.prompt, self.output = trace.prompt, trace.output
+        self.ledger, self.ctx, self.max_paths = ledger, _Ctx(n_ctx), max_paths
+        self.tokens: list[int] = []
+        self._unknown = max(max(self.prompt, default=0), max(self.output, default=0)) + 1
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def logits(self, q: int) -> np.ndarray:
+        """One-hot at output[q]; past the recorded output at a token no draft holds."""
+        row = np.zeros(self._unknown + 1, np.float32)
+        row[self.output[q] if q < len(self.output) else self._unknown] = 1.0
+        return row
+
+    def sync(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+        keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+        self.tokens = list(tokens)
+        return self.logits(len(tokens) - len(self.prompt)), keep
+
+    def append(self, token: int) -> np.ndarray:
+        self.ledger.target(1, len(self.tokens))
+        self.tokens.append(int(token))
+        return self.logits(len(self.tokens) - len(self.prompt))
+
+    def trim(self, n: int) -> None:
+        del self.tokens[n:]
+
+    @contextlib.contextmanager
+    def verifying(self, pending: int, draft: DraftTree) -> Iterator[_Verification]:
+        self.ledger.target(1 + len(draft), len(self.tokens))
+        v = _Verification(self, pending, draft)
+        yield v
+        if not v.committed:
+            raise AssertionError("a replayed verification must commit")
+
+
+class TraceChainDrafter:
+    """The `model` drafter's greedy chains, read from a DrafterTrace instead of a model.
+
+    Mirrors ModelDrafter + draft_chain: it syncs its cache (``cache``: the drafter's KV tokens,
+    shared the way the bench shares one drafter model between configurations and prompts),
+    decodes one token per drafted token but the last of a budget-limited chain, and stops when
+    its confidence falls below ``min_confidence``. Every decode is booked on the ledger.
+    """
+
+    name = "model"
+
+    def __init__(self, trace: PromptTrace, ledger: Ledger, n_ctx: int, cache: list[int] | None = None):
+        if trace.drafter is None:
+            raise ValueError(f"trace {trace.id} has no drafter data")
+        self.trace, self.ledger, self.n_ctx = trace, ledger, n_ctx
+        self.cache = cache if cache is not None else []
+
+    def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
+        pass
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        if budget <= 0 or len(context) + budget + 1 >= self.n_ctx:
+            return DraftTree.empty(self.name)
+        self._sync(context)
+        tokens = self.chain(len(context) - len(self.trace.prompt), budget)
+        appended = min(len(tokens), budget - 1)  # draft_chain decodes all but a full chain's last
+        self.cache.extend(tokens[:appended])
+        for _ in range(appended):
+            self.ledger.drafter(1)
+        return DraftTree.chain(tokens, self.name)
+
+    def _sync(self, context: Sequence[int]) -> None:
+        keep = min(common_prefix(self.cache, context), len(context) - 1)
+        del self.cache[keep:]
+        for start in range(keep, len(context), N_BATCH):
+            self.ledger.drafter(min(N_BATCH, len(context) - start))
+        self.cache.extend(context[keep:])
+
+    def chain(self, p: int, budget: int) -> list[int]:
+        """The greedy chain drafted after output[:p]; OFF_PATH marks tokens past its first miss."""
+        d, out = self.trace.drafter, self.trace.output
+        tokens: list[int] = []
+        q = p
+        while len(tokens) < budget and d.confident(q):
+            tokens.append(d.top(q))
+            if d.top(q) != out[q]:
+                if d.off_run[q] >= d.off_cap and budget - len(tokens) > d.off_cap:
+                    raise ValueError(f"budget {budget} exceeds the recorded off-path cap {d.off_cap}")
+                tokens += [OFF_PATH] * min(d.off_run[q], budget - len(tokens))
+                break
+            q += 1
+        return tokens
+
+
+# -- simulation -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReplaySettings:
+    """The bench settings replay mirrors (BenchSettings' defaults); greedy only."""
+
+    max_tokens: int = 256
+    draft_max: int = 32
+    n_ctx: int = 4096
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: MachineCosts,
+                 settings: ReplaySettings, cache: list[int] | None = None):
+    """A fresh drafter for one (prompt, config), as the bench builds one per run."""
+    if config == "suffix":
+        return SuffixDrafter()
+    has_model = trace.drafter is not None and (config != "auto" or costs.drafter is not None)
+    model = TraceChainDrafter(trace, ledger, settings.n_ctx, cache) if has_model else None
+    if config == "model" and model is not None:
+        return model
+    if config == "hybrid" and model is not None:
+        return HybridDrafter(SuffixDrafter(), model)
+    if config == "auto":
+        return AutoDrafter(SuffixDrafter(), costs.policy_model(), model=model)
+    raise ValueError(f"config {config!r} cannot be replayed from trace {trace.id} (replayable: {CONFIGS})")
+
+
+def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
+               cache: list[int] | None = None) -> tuple[DoneEvent, Ledger]:
+    """Runs the real request loop for one (prompt, config) over the trace: its DoneEvent (token
+    ids, SpecStats) and the ledger of booked decodes.
+
+    ``cache``: the drafter model's KV tokens carried over from earlier runs (the bench shares
+    one drafter model between configurations and prompts); None: an empty cache.
+    """
+    ledger = Ledger(costs)
+    seq = TraceSequence(trace, ledger, settings.n_ctx, settings.draft_max)
+    step = None if config == PLAIN else SpeculativeStep(
+        make_drafter(config, trace, ledger, costs, settings, cache), settings.draft_max)
+    done = Decoder(TraceModel(trace), seq, step).generate(
+        list(trace.prompt), GenerationRequest(max_tokens=settings.max_tokens, sampling=GREEDY))
+    if list(done.token_ids) != list(trace.output[:len(done.token_ids)]):
+        raise AssertionError(f"{trace.id}/{config}: replayed output left the plain output")
+    return done, ledger
+
+
+def replay_prompt(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
+                  cache: list[int] | None = None) -> Record:
+    """Replays one prompt under one configuration: a bench Record with simulated seconds."""
+    done, ledger = run_replay(trace, config, costs, settings, cache)
+    n = len(done.token_ids)
+    spec = done.stats.spec
+    steps = spec.steps if spec is not None else max(n - 1, 0)
+    seconds = ledger.target_s + ledger.drafter_s + ledger.target_decodes * costs.step_s
+    return Record(id=trace.id, category=trace.category, config=config, new_tokens=n, gen_s=seconds,
+                  prefill_s=0.0, steps=steps, drafted=spec.drafted if spec else 0,
+                  accepted=spec.accepted if spec else 0, peak_rss_bytes=0, text="",
+                  gen_tokens=max(n - 1, 0), same_as_plain=True)
+
+
+def check_settings(trace: Trace, settings: ReplaySettings) -> None:
+    """Refuses settings the trace cannot answer for."""
+    if settings.max_tokens > trace.max_tokens:
+        raise ValueError(f"trace recorded {trace.max_tokens} tokens per prompt; max_tokens {settings.max_tokens} "
+                         "needs a longer recording")
+    caps = {p.drafter.off_cap for p in trace.prompts if p.drafter is not None}
+    if caps and settings.draft_max > min(caps) + 1:
+        raise ValueError(f"draft_max {settings.draft_max} exceeds the recorded chains ({min(caps) + 1} tokens)")
+
+
+def replay(trace: Trace, configs: Sequence[str], costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
+           ids: Sequence[str] | None = None) -> list[Record]:
+    """Every (prompt, config) in the bench's interleaved order (plain first), one shared
+    drafter cache; ``ids`` restricts the prompts. Summarize with edgespec.bench.summary."""
+    check_settings(trace, settings)
+    configs = [PLAIN] + [c for c in dict.fromkeys(configs) if c != PLAIN]
+    wanted = None if ids is None else set(ids)
+    cache: list[int] = []
+    records = []
+    for p in trace.prompts:
+        if wanted is not None and p.id not in wanted:
+            continue
+        for config in configs:
+            records.append(replay_prompt(p, config, costs, settings, cache))
+    log.info("replayed %d runs of %s on %s", len(records), trace.suite, costs.name)
+    return records
+
+
+def overall(records: list[Record]) -> dict[str, dict]:
+    """summary[config]["overall"] of edgespec.bench.summary (tokens_per_s, speedup, ...)."""
+    return {cfg: cells["overall"] for cfg, cells in summarize(records).items()}
+
+
+# -- recording (any context with LlamaContext's interface: the real one or tests' exact fake) ----
+def record_plain(decoder: Decoder, prompt: Sequence[int], max_tokens: int) -> tuple[tuple[int, ...], str]:
+    """The plain greedy output and its finish reason; an EOG ending is appended to the output.
+
+    The EOG token is not in the answer, so it is read again from the last row, decoded alone
+    as plain decoding decoded it.
+    """
+    done = decoder.generate(list(prompt), GenerationRequest(max_tokens=max_tokens, sampling=GREEDY))
+    output = list(done.token_ids)
+    if done.stats.finish_reason == "stop":
+        logits, _ = decoder.seq.sync(list(prompt) + output)
+        output.append(int(np.argmax(logits)))
+        if not decoder.model.is_eog(output[-1]):
+            raise ValueError("a stop without an EOG token (stop strings are not replayable)")
+    return tuple(output), done.stats.finish_reason
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    x = row.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def _teacher_forced(ctx, prompt: Sequence[int], output: Sequence[int], top_k: int):
+    """Decodes prompt + output[:-1] in sequence 0; yields (q, log-probs for output[q])."""
+    full = list(prompt) + list(output)
+    first = len(prompt) - 1  # the row that predicts output[0]
+    for start in range(0, len(full) - 1, ctx.n_batch):
+        chunk = full[start:min(start + ctx.n_batch, len(full) - 1)]
+        flags = [start + i >= first for i in range(len(chunk))]
+        rows = ctx.decode(chunk, range(start, start + len(chunk)), [[0]] * len(chunk), flags)
+        for k, i in enumerate(i for i in range(len(chunk)) if flags[i]):
+            yield start + i - first, _log_softmax(rows[k])
+
+
+def _free_runs(ctx, base: int, misses: dict[int, int], min_confidence: float, cap: int) -> dict[int, int]:
+    """For each miss q -> drafted token: how many tokens the greedy chain drafts after it.
+
+    Sequence 0 holds prompt + output; each miss gets its own sequence sharing the prefix, and
+    all chains advance together, one batch per round.
+    """
+    state = {}  # seq id -> [token, position, drafted after the miss, q]
+    for s, (q, token) in enumerate(misses.items(), start=1):
+        ctx.seq_cp(0, s, 0, base + q)
+        state[s] = [token, base + q, 0, q]
+    runs = {}
+    try:
+        while state:
+            seqs = list(state)
+            rows = ctx.decode([state[s][0] for s in seqs], [state[s][1] for s in seqs], [[s] for s in seqs],
+                              [True] * len(seqs))
+            for s, row in zip(seqs, rows):
+                lp = _log_softmax(row)
+                t = int(np.argmax(lp))
+                st = state[s]
+                if np.exp(lp[t]) >= min_confidence and st[2] < cap:
+                    st[0], st[1], st[2] = t, st[1] + 1, st[2] + 1
+                if np.exp(lp[t]) < min_confidence or st[2] >= cap:
+                    runs[st[3]] = st[2]
+                    del state[s]
+    finally:
+        for s in range(1, len(misses) + 1):
+            ctx.seq_rm(s, -1, -1)
+    return runs
+
+
+def record_drafter(ctx, prompt: Sequence[int], output: Sequence[int], min_confidence: float = 0.4,
+                   off_cap: int = 31, top_k: int = 3) -> DrafterTrace:
+    """The drafter's DrafterTrace for one prompt (``ctx``: the drafter's context, cleared here;
+    it needs ``n_seq_max`` >= 2 and room for prompt + output + (n_seq_max - 1) * off_cap cells)."""
+    ctx.clear()
+    n = len(output)
+    top_ids, top_lps, plain_lp = [()] * n, [()] * n, [0.0] * n
+    for q, lp in _teacher_forced(ctx, prompt, output, top_k):
+        ids = np.argsort(-lp, kind="stable")[:top_k]
+        top_ids[q], top_lps[q] = tuple(int(i) for i in ids), tuple(float(lp[i]) for i in ids)
+        plain_lp[q] = float(lp[output[q]])
+    confident = tuple(bool(np.exp(lps[0]) >= min_confidence) for lps in top_lps)
+    misses = {q: top_ids[q][0] for q in range(n) if top_ids[q][0] != output[q] and confident[q]}
+    off = [0] * n
+    group = ctx.n_seq_max - 1
+    items = list(misses.items())
+    for g in range(0, len(items), group):
+        for q, r in _free_runs(ctx, len(prompt), dict(items[g:g + group]), min_confidence, off_cap).items():
+            off[q] = r
+    ctx.clear()
+    return DrafterTrace(tuple(top_ids), tuple(top_lps), tuple(plain_lp), confident, tuple(off), min_confidence,
+                        off_cap)

@@ -1,0 +1,171 @@
+"""Exact replay (edgespec.bench.replay), proved on the exact fake model: a trace recorded from
+plain decoding and a teacher-forced drafter predicts the steps, drafted and accepted tokens and
+every decoded batch of a real speculative run, for each replayable drafter. Plus hand cases of
+the chain rule and the cost model. No model files; seconds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.bench import replay as rp
+from edgespec.bench.summary import PLAIN
+from edgespec.decode.loop import Decoder
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.sequence import KVSequence
+from edgespec.drafters.auto.drafter import AutoDrafter
+from edgespec.drafters.auto.policy import CostModel
+from edgespec.drafters.hybrid import HybridDrafter
+from edgespec.drafters.model import MAX_TREE_NODES, ModelDrafter
+from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.spec.step import SpeculativeStep
+from fake_model import BOS, FakeContext, FakeModel
+
+# eos_bias 0: some answers end with EOS within MAX_TOKENS, others by length.
+TARGET = FakeModel(n_vocab=96, seed=0, eos_bias=0.0)
+DRAFT_MODEL = FakeModel(n_vocab=96, seed=0, eos_bias=0.0, perturb=1.0, perturb_seed=5)
+N_CTX, DRAFT_MAX, MAX_TOKENS = 512, 8, 60
+CHEAP = CostModel((1, 2, 4, 8, 16, 32, 64), (1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.8), 0.02)
+# Unit costs: seconds = rows, so the ledger can be read back.
+UNIT = rp.MachineCosts("unit", ((0, rp.curve({1: 1.0, 2: 2.0})),), drafter=rp.curve({1: 1.0, 2: 2.0}),
+                       policy=CHEAP)
+SETTINGS = rp.ReplaySettings(max_tokens=MAX_TOKENS, draft_max=DRAFT_MAX, n_ctx=N_CTX)
+GREEDY = SamplingParams(temperature=0.0)
+MIN_CONFIDENCE = 0.2  # the fake drafter is rarely sure: below the default 0.4 chains run longer
+
+
+def prompts(n: int = 6) -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(n):
+        toks = [BOS] + rng.integers(2, TARGET.n_vocab, 20).tolist()
+        out.append(toks + toks[3:15])  # a copied span, as code edits have
+    return out
+
+
+def drafter_ctx() -> FakeContext:
+    return FakeContext(DRAFT_MODEL, n_ctx=N_CTX, n_seq_max=MAX_TREE_NODES + 1, n_ubatch=64)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> rp.Trace:
+    recorded = []
+    for k, prompt in enumerate(prompts()):
+        decoder = Decoder(TARGET, KVSequence(FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=1 + DRAFT_MAX)))
+        output, finish = rp.record_plain(decoder, prompt, MAX_TOKENS)
+        big = FakeContext(DRAFT_MODEL, n_ctx=4096, n_seq_max=MAX_TREE_NODES + 1, n_ubatch=64)
+        drafter = rp.record_drafter(big, prompt, output, MIN_CONFIDENCE, off_cap=DRAFT_MAX - 1)
+        recorded.append(rp.PromptTrace(f"p{k}", "fake", tuple(prompt), output, finish, drafter))
+    path = tmp_path_factory.mktemp("replay") / "fake.json.gz"
+    rp.save_trace(rp.Trace("fake", MAX_TOKENS, tuple(recorded)), path)
+    return rp.load_trace(path)
+
+
+def real_run(config: str, prompt: list[int]):
+    """A real speculative run on the fake target; returns (DoneEvent, target ctx, drafter ctx)."""
+    target = FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=1 + DRAFT_MAX)
+    dctx = drafter_ctx()
+    model = ModelDrafter(DRAFT_MODEL, ctx=dctx, min_confidence=MIN_CONFIDENCE)
+    drafter = {"suffix": lambda: SuffixDrafter(), "model": lambda: model,
+               "hybrid": lambda: HybridDrafter(SuffixDrafter(), model),
+               "auto": lambda: AutoDrafter(SuffixDrafter(), CHEAP, model=model)}[config]()
+    decoder = Decoder(TARGET, KVSequence(target), SpeculativeStep(drafter, DRAFT_MAX))
+    done = decoder.generate(prompt, GenerationRequest(max_tokens=MAX_TOKENS, sampling=GREEDY))
+    return done, target, dctx
+
+
+def test_trace_records_plain_output_and_both_endings(trace):
+    assert {p.finish for p in trace.prompts} == {"stop", "length"}  # both endings covered
+    for p in trace.prompts:
+        body = p.output[:-1] if p.finish == "stop" else p.output
+        assert list(body) == TARGET.greedy(list(p.prompt), len(body))
+        assert p.finish == "length" or p.output[-1] == TARGET.eos
+        assert len(p.drafter.top_ids) == len(p.drafter.off_run) == len(p.output)
+    assert sum(bool(r) for p in trace.prompts for r in p.drafter.off_run) > 10  # off-path runs recorded
+
+
+@pytest.mark.parametrize("config", ["suffix", "model", "hybrid", "auto"])
+def test_replay_predicts_every_step_and_batch_of_a_real_run(trace, config):
+    """Same output, steps, drafted, accepted, per-drafter split, and the same decoded rows."""
+    total_accepted = 0
+    for p in trace.prompts:
+        done, target, dctx = real_run(config, list(p.prompt))
+        replayed, ledger = rp.run_replay(p, config, UNIT, SETTINGS)
+        assert replayed.token_ids == done.token_ids
+        real, sim = done.stats.spec, replayed.stats.spec
+        assert (sim.steps, sim.drafted, sim.accepted) == (real.steps, real.drafted, real.accepted)
+        assert {k: vars(v) for k, v in sim.by_drafter.items()} == {k: vars(v) for k, v in real.by_drafter.items()}
+        assert ledger.target_rows == target.rows_evaluated - len(p.prompt)  # prefill not booked
+        assert (ledger.drafter_rows, ledger.drafter_decodes) == (dctx.rows_evaluated, dctx.decodes)
+        total_accepted += real.accepted
+    assert total_accepted > 0
+
+
+def test_replayed_record_prices_the_ledger(trace):
+    p = trace.prompts[0]
+    costs = rp.MachineCosts("t", ((0, rp.curve({1: 2.0, 8: 9.0})),), drafter=rp.curve({1: 0.5, 4: 2.0}), step_s=0.25)
+    done, ledger = rp.run_replay(p, "model", costs, SETTINGS)
+    rec = rp.replay_prompt(p, "model", costs, SETTINGS)
+    assert ledger.target_decodes == done.stats.spec.steps
+    assert rec.gen_s == pytest.approx(ledger.target_s + ledger.drafter_s + 0.25 * done.stats.spec.steps)
+    assert rec.steps == done.stats.spec.steps and rec.gen_tokens == len(done.token_ids) - 1
+    plain = rp.replay_prompt(p, PLAIN, costs, SETTINGS)
+    # The bench counts plain steps as tokens after the first; an EOG answer pays one step more.
+    decodes = plain.gen_tokens + (p.finish == "stop")
+    assert p.finish == "stop" and plain.steps == plain.gen_tokens and plain.gen_s == pytest.approx(decodes * 2.25)
+
+
+def test_shared_drafter_cache_carries_over_like_one_drafter_model(trace):
+    p = trace.prompts[1]
+    cache: list[int] = []
+    _, first = rp.run_replay(p, "model", UNIT, SETTINGS, cache)
+    _, second = rp.run_replay(p, "hybrid", UNIT, SETTINGS, cache)
+    assert first.drafter_rows >= len(p.prompt)  # the first run prefills the drafter
+    _, fresh = rp.run_replay(p, "hybrid", UNIT, SETTINGS)
+    assert second.drafter_rows < fresh.drafter_rows
+
+
+# -- pure cases ---------------------------------------------------------------------------------
+def hand_trace(output, tops, confident, off_run, finish="length") -> rp.PromptTrace:
+    n = len(output)
+    d = rp.DrafterTrace(tuple((t,) for t in tops), ((0.0,),) * n, (0.0,) * n, tuple(confident), tuple(off_run), 0.4, 7)
+    return rp.PromptTrace("h", "hand", (0, 2, 3), tuple(output), finish, d)
+
+
+def test_chain_follows_the_plain_output_then_the_recorded_off_path_run():
+    out = [10, 11, 12, 13, 14, 15]
+    t = hand_trace(out, [10, 11, 99, 13, 14, 15], [1, 1, 1, 1, 0, 1], [0, 0, 3, 0, 0, 0])
+    chain = rp.TraceChainDrafter(t, rp.Ledger(UNIT), N_CTX).chain
+    assert chain(0, 8) == [10, 11, 99, rp.OFF_PATH, rp.OFF_PATH, rp.OFF_PATH]  # miss at 2, 3 more
+    assert chain(0, 4) == [10, 11, 99, rp.OFF_PATH]  # the budget cuts the off-path run
+    assert chain(0, 2) == [10, 11]
+    assert chain(3, 8) == [13]  # confidence falls at 4
+    assert chain(4, 8) == []
+    assert chain(5, 8) == [15]  # past the recorded output: not confident
+    with pytest.raises(ValueError, match="off-path cap"):
+        rp.TraceChainDrafter(hand_trace(out, [99] * 6, [1] * 6, [7] * 6), rp.Ledger(UNIT), N_CTX).chain(0, 12)
+
+
+def test_costs_interpolate_in_depth_and_default_policy_is_the_curve_near_512():
+    c = rp.costs_from_json({"target": {"0": {"1": 1.0, "4": 2.0}, "1000": {"1": 3.0, "4": 6.0}},
+                            "drafter": {"1": 0.1}})
+    assert c.verify(1, 500) == pytest.approx(2.0) and c.verify(4, 2000) == pytest.approx(6.0)
+    assert c.verify(2, 0) == pytest.approx(1 + 1 / 3)
+    pm = c.policy_model()
+    assert pm.batch_sizes == (1, 4) and pm.verify_s == (3.0, 6.0) and pm.draft_token_s == pytest.approx(0.1)
+
+
+def test_settings_the_trace_cannot_answer_are_refused(trace):
+    with pytest.raises(ValueError, match="longer recording"):
+        rp.replay(trace, ["suffix"], UNIT, rp.ReplaySettings(max_tokens=MAX_TOKENS + 1, draft_max=DRAFT_MAX))
+    with pytest.raises(ValueError, match="draft_max"):
+        rp.replay(trace, ["model"], UNIT, rp.ReplaySettings(max_tokens=MAX_TOKENS, draft_max=DRAFT_MAX + 1))
+    with pytest.raises(ValueError, match="cannot be replayed"):
+        rp.replay_prompt(trace.prompts[0], "model-tree", UNIT, SETTINGS)
+
+
+def test_replay_is_bench_ordered_and_summarizes_like_the_bench(trace):
+    records = rp.replay(trace, ["suffix", "model"], UNIT, SETTINGS, ids=["p0", "p1"])
+    assert [(r.id, r.config) for r in records] == [(i, c) for i in ("p0", "p1") for c in (PLAIN, "suffix", "model")]
+    summary = rp.overall(records)
+    assert summary[PLAIN]["speedup"] == pytest.approx(1.0) and summary["suffix"]["mean_emitted"] >= 1.0
