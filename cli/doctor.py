@@ -28,6 +28,21 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def onnx_providers() -> dict:
+    """onnxruntime's execution providers here and the --onnx-provider name each answers to."""
+    from edgespec.onnx.providers import NAMES, present, short_name
+
+    have = present()
+    if have is None:
+        return {"onnxruntime": None, "providers": [], "usable": ["cpu"], "names": list(NAMES)}
+    import onnxruntime
+
+    providers = [{"name": full, "onnx_provider": short_name(full)} for full in have]
+    usable = [p["onnx_provider"] for p in providers if p["onnx_provider"]]
+    return {"onnxruntime": onnxruntime.__version__, "providers": providers,
+            "usable": usable or ["cpu"], "names": list(NAMES)}
+
+
 def collect() -> dict:
     """Everything doctor reports, as one JSON-ready dict."""
     info = backend.system_info()
@@ -45,13 +60,14 @@ def collect() -> dict:
         "llama_cpp": {"llama_cpp_python": info["llama_cpp_python"], "gpu_offload": info["gpu_offload"],
                       "mmap": info["mmap"], "mlock": info["mlock"], "devices": info["devices"]},
         "native_extensions": HAVE_NATIVE,
+        "onnx": onnx_providers(),
         "store": {"home": str(store.home), "models": [e.to_dict() for e in store.list()]},
     }
 
 
 @app.command()
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """Show the CPU, memory, GPU support of llama.cpp and the model store."""
+    """Show the CPU, memory, GPU support of llama.cpp, onnxruntime's providers and the model store."""
     d = collect()
     if as_json:
         print_json(d)
@@ -71,6 +87,14 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     for dev in lc["devices"]:
         t.add_row("  device", f"{dev['name']} ({dev['type']}): {dev['description']}, "
                   f"{human_bytes(dev['memory_free'])} free of {human_bytes(dev['memory_total'])}")
+    ox = d["onnx"]
+    if ox["onnxruntime"] is None:
+        t.add_row("onnxruntime", "not installed (--draft onnx unavailable)")
+    else:
+        t.add_row("onnxruntime", f"{ox['onnxruntime']}, --onnx-provider here: {', '.join(ox['usable'])} "
+                  f"(others fall back to cpu)")
+        for p in ox["providers"]:
+            t.add_row("  provider", f"{p['name']} -> {p['onnx_provider'] or '(not an --onnx-provider name)'}")
     t.add_row("model store", d["store"]["home"])
     for m in d["store"]["models"]:
         state = "present" if m.get("present") else "not pulled"

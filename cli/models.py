@@ -173,9 +173,13 @@ def import_model(
 def remove(
     name: str = typer.Argument(..., help="A model name (built-in or imported)."),
 ) -> None:
-    """Delete a model's file from the store."""
-    path = _store().remove(name)
+    """Delete a model's file from the store, and the ONNX drafters converted from it."""
+    store = _store()
+    conversions = store.onnx_conversions(name)
+    path = store.remove(name)
     _out.print(f"removed {name}: {path}")
+    for directory in conversions:
+        _out.print(f"removed ONNX drafter of {name}: {directory}")
 
 
 @models_app.command("clone")

