@@ -7,6 +7,7 @@ from rich.table import Table
 
 from edgespec.memory import planner
 from edgespec.cli import app
+from edgespec.cli import common as c
 from edgespec.cli.common import MODEL, print_json
 from edgespec.errors import InvalidRequest, ModelNotFound
 from edgespec.files.store import ModelStore
@@ -39,11 +40,32 @@ def _drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFoo
     return replace(mf.footprint, name=label), declared.suffix, notes
 
 
+def _onnx_drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFootprint, target_gguf,
+                      store: ModelStore, provider: str, bits: str, notes: list[str]):
+    """The ONNX drafter's footprint for `--draft onnx` (None for other kinds), its vocabulary checked."""
+    from edgespec.drafters import check_onnx_options, kind_of
+    from edgespec.files.modelfile import model_file
+    from edgespec.files.vocab import check_compatible
+    from edgespec.memory.budget import onnx_drafter_footprint
+
+    check_onnx_options(provider, bits)
+    if not kind_of(kind).onnx_model:
+        return None
+    fp = onnx_drafter_footprint(draft_model, target_fp.tokenizer_fingerprint, store, provider, bits)
+    if fp is None:
+        notes.append("the default drafter model is not pulled: the onnx drafter is not counted")
+        return None
+    check_compatible(target_gguf, model_file(store.resolve(draft_model or fp.name)).gguf)
+    if fp.provider != provider:
+        notes.append(f"onnx provider {provider} is not in this onnxruntime: planned on the CPU")
+    return fp
+
+
 @app.command()
 def plan(
     model: str = MODEL,
     draft: str = typer.Option("auto", "--draft", "-d",
-                              help="none | suffix | model | hybrid | auto, or a drafter model name/path."),
+                              help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path."),
     draft_model: str = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid/auto."),
     ram_budget: str = typer.Option(None, "--ram-budget",
                                    help="RAM to plan for: 2GiB, 2GB, 2048M or bytes (default: available - margin)."),
@@ -56,6 +78,8 @@ def plan(
     draft_tree: bool = typer.Option(False, "--draft-tree", help="Model drafter drafts trees (64 sequences)."),
     mlock: bool = typer.Option(False, "--mlock", help="Lock the weights in RAM if the system allows it."),
     threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
+    onnx_provider: str = c.ONNX_PROVIDER,
+    onnx_bits: str = c.ONNX_BITS,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
     """Plan memory placement (GPU layers, drafter, KV cache, context, mmap, threads) without loading."""
@@ -70,8 +94,10 @@ def plan(
     mf = model_file(path)
     target = replace(mf.footprint, name=model)
     drafter, suffix, notes = _drafter_for(draft, draft_model, target, mf.gguf, store)
+    onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
     p = planner.make_plan(target, drafter, ram, vram, ctx, suffix=suffix, draft_max=draft_max,
-                          draft_tree=draft_tree, mlock=mlock, kv_type=kv_type, threads=threads)
+                          draft_tree=draft_tree, mlock=mlock, kv_type=kv_type, threads=threads,
+                          external_drafter=onnx_fp)
     p.warnings[:0] = notes
     if as_json:
         print_json(p.to_dict())

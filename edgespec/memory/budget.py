@@ -9,7 +9,7 @@ dropped for the suffix drafter, and said so), and whether the weights run file-b
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgespec.memory import planner
 from edgespec.llama.backend import ContextParams, ModelParams
@@ -50,17 +50,48 @@ def _optional_drafter(draft: str, draft_model: str | None, fingerprint: str, sto
         return None
 
 
+def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, store: ModelStore,
+                           provider: str = "cpu", bits: str = "exact"):
+    """What `--draft onnx` would hold (edgespec.memory.footprint.OnnxDrafterFootprint), or None when
+    the default drafter model is not pulled (the engine then reports it when it builds the drafter).
+
+    Sized from the conversion's files when it exists (else from the GGUF), on the provider the
+    session would really use: one this onnxruntime lacks falls back to the CPU, so RAM is counted.
+    Raises:
+        ModelNotFound: a named drafter model is not in the store.
+        InvalidRequest: no default drafter model for this tokenizer and none named.
+    """
+    from edgespec.drafters import DEFAULT_DRAFT_MODELS, check_onnx_options
+    from edgespec.memory.footprint import estimate_onnx_drafter
+    from edgespec.onnx.convert import onnx_dir_for
+    from edgespec.onnx.providers import PROVIDERS, present
+
+    check_onnx_options(provider, bits)
+    name = draft_model or DEFAULT_DRAFT_MODELS.get(target_fingerprint)
+    if name is None:
+        raise InvalidRequest("no default drafter model for this target; pass --draft-model NAME|PATH")
+    if draft_model is None and not store.is_present(name):
+        return None
+    path = store.resolve(name)
+    used = provider if PROVIDERS[provider] in (present() or ()) else "cpu"
+    fp = replace(model_file(path).footprint, name=name)
+    return estimate_onnx_drafter(fp, onnx_dir_for(store, path, bits), bits, used)
+
+
 def placement(target_path: str, store: ModelStore, ram_budget: int, n_ctx: int, draft: str | None,
               draft_model: str | None, draft_max: int, draft_tree: bool, threads: int | None,
-              n_seq_max: int) -> Placement:
+              n_seq_max: int, onnx_provider: str = "cpu", onnx_bits: str = "exact") -> Placement:
     """Plans the load within ``ram_budget``; raises BudgetExceeded when nothing fits."""
     target = model_file(target_path)
     kind = kind_of(draft) if draft is not None else None
     dpath = _optional_drafter(draft, draft_model, target.fingerprint, store) if kind else None
     drafter_fp = model_file(dpath).footprint if dpath else None
     uses_suffix = kind is not None and kind.suffix
+    onnx_fp = (onnx_drafter_footprint(draft_model, target.fingerprint, store, onnx_provider, onnx_bits)
+               if kind is not None and kind.onnx_model else None)
     plan = planner.make_plan(target.footprint, drafter_fp, ram_budget=ram_budget, n_ctx=n_ctx, suffix=uses_suffix,
-                             draft_max=draft_max, draft_tree=draft_tree, threads=threads)
+                             draft_max=draft_max, draft_tree=draft_tree, threads=threads,
+                             external_drafter=onnx_fp)
     notes = []
     # The drafter model may be loaded only where the plan counted it.
     effective, allowed = draft, drafter_fp is not None and plan.drafter_placement != "none"

@@ -178,6 +178,8 @@ class _Eval:
 
 
 class _Planner:
+    external = None  # a drafter outside llama.cpp (make_plan's external_drafter)
+
     def __init__(self, target: ModelFootprint, drafter: ModelFootprint | None, m: MachineInfo,
                  ram_budget: int, vram_budget: int, suffix: bool, draft_max: int, draft_tree: bool,
                  mmap: bool | None, repack: bool | None):
@@ -197,7 +199,7 @@ class _Planner:
 
     # -- pieces -------------------------------------------------------------------------------
     def _drafting(self, cfg: _Cfg) -> bool:
-        return cfg.suffix_cap > 0 or cfg.drafter != "none"
+        return cfg.suffix_cap > 0 or cfg.drafter != "none" or self.external is not None
 
     def flash_attn(self, cfg: _Cfg) -> bool:
         """The attention kernel the engine will build for this candidate (asked, not copied)."""
@@ -327,6 +329,8 @@ class _Planner:
             parts.append(Part("suffix index", "RAM", SUFFIX_BYTES_PER_TOKEN * (cfg.suffix_cap + cfg.n_ctx),
                               f"history cap {cfg.suffix_cap} tokens + the current context, "
                               f"~{SUFFIX_BYTES_PER_TOKEN} B/token"))
+        if self.external is not None:  # e.g. the ONNX drafter: its own runtime, sized by itself
+            parts += [Part(c, self.external.where, nbytes, note) for c, nbytes, note in self.external.parts(cfg.n_ctx)]
         ram = sum(p.bytes for p in parts if p.where == "RAM")
         if self.m.unified_memory:
             ram += vram  # one pool: GPU allocations come out of the same RAM
@@ -379,7 +383,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
               vram_budget: int | None = None, n_ctx: int | None = None, *, machine_info: MachineInfo | None = None,
               suffix: bool = True, draft_max: int = 32, draft_tree: bool = False, mlock: bool = False,
               kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
-              repack: bool | None = None, threads: int | None = None) -> Plan:
+              repack: bool | None = None, threads: int | None = None,
+              external_drafter=None) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
 
     Args:
@@ -388,6 +393,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         n_ctx: context tokens; None: the engine default (4096, at most the trained context),
             halved while it does not fit (down to 512).
         suffix: whether the suffix drafter runs (budgets its index).
+        external_drafter: a drafter outside llama.cpp, with ``where`` and ``parts(n_ctx)``
+            (edgespec.memory.footprint.OnnxDrafterFootprint), counted in every candidate.
         kv_type, n_ubatch, mmap, repack: force a choice instead of letting the planner pick.
         mlock: lock the weights in RAM (only when possible; otherwise stated and off).
     Raises:
@@ -417,6 +424,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         raise BudgetExceeded(f"no RAM budget: {fmt_bytes(m.ram_available)} available, less than the "
                              "safety margin; pass --ram-budget")
     pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, draft_max, draft_tree, mmap, repack)
+    pl.external = external_drafter
 
     can_repack = target.repack_bytes(m.cpu_features) > 0 or (
         drafter is not None and drafter.repack_bytes(m.cpu_features) > 0)
