@@ -226,6 +226,35 @@ def costs_from_json(obj: dict, name: str = "") -> MachineCosts:
         obj.get("step_s", 0.0))
 
 
+def device_curve(entry: dict) -> CostModel:
+    """A curve of benchmarks/device/measure.py (one ``curve-*.json`` entry), in seconds.
+
+    Its n = 1 cost is the chain cost (consecutive one-token decodes, as decoding and drafting
+    run them); a 512-token prefill timing fills in n = 512 where the curve stops short.
+    """
+    points = {int(p["n"]): p["ms"] for p in entry["curve"]}
+    points[1] = entry.get("chain_ms_per_token", points.get(1))
+    if 512 not in points and entry.get("prefill_512_ms"):
+        points[512] = entry["prefill_512_ms"]
+    return curve(points, 1e-3)
+
+
+def costs_from_device_curves(curves: dict, target: str, drafter: str | None, name: str = "",
+                             step_s: float = 0.0) -> MachineCosts:
+    """MachineCosts from benchmarks/device/results/curves.json: ``target`` and ``drafter`` name
+    placements in it (e.g. "gpu-7b", "gpu-0.5b"); the target curve was measured after 512
+    tokens of context, so it stands for every depth."""
+    def entry(config: str) -> dict:
+        found = curves.get(f"curve-{config}.json")
+        if found is None:
+            raise ValueError(f"no curve {config!r}; have {', '.join(sorted(curves))}")
+        return found
+
+    t = entry(target)
+    return MachineCosts(name or f"{target}+{drafter}", ((t.get("context", 512), device_curve(t)),),
+                        device_curve(entry(drafter)) if drafter else None, step_s=step_s)
+
+
 # -- the oracle target and the chain drafter -----------------------------------------------------
 class TraceModel:
     """The model-facing part the request loop needs: EOG and (empty) token text."""
@@ -246,7 +275,7 @@ class _Ctx:
 
 
 class _Verification:
-    def __init__(self, seq: "TraceSequence", pending: int, draft: DraftTree):
+    def __init__(self, seq: TraceSequence, pending: int, draft: DraftTree):
         self._seq, self._pending, self._draft = seq, pending, draft
         self._depth = draft.depth()
         self.committed = False

@@ -1,0 +1,75 @@
+"""Records replay traces (edgespec.bench.replay) for a benchmark suite with the real models.
+
+Per prompt, exactly as `edgespec bench --share-prefill` runs plain decoding (same engine
+settings, prompts in file order, the prompt's head shared in the KV cache): the plain greedy
+output; then the drafter model teacher-forced over prompt + output (one batched pass) and
+its free-running chains at every confident miss. Writes gzip JSON after every prompt.
+
+Run under the benchmark lock on a shared machine:
+    flock /tmp/edgespec-bench.lock .venv/bin/python benchmarks/replay/record.py \
+        --suite specbench --limit 5 --max-tokens 256 --out benchmarks/replay/traces/specbench.json.gz
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from edgespec.bench import replay as rp
+from edgespec.bench.machine import describe
+from edgespec.bench.prompts import load_suite, select
+from edgespec.bench.runner import BenchSettings, _prompt_tokens, _share_prefill
+from edgespec.decode.loop import Decoder
+from edgespec.drafters import DraftConfig, default_draft_model, load_model_drafter
+from edgespec.drafters.model import MAX_TREE_NODES
+from edgespec.engine import Engine, EngineConfig
+
+log = logging.getLogger("record")
+DRAFTER_CTX = 8192  # prompt + output + 63 off-path chains of up to 31 tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", required=True)
+    ap.add_argument("--limit", type=int, default=None, help="prompts per category (bench --limit)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--draft-max", type=int, default=BenchSettings.draft_max)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    settings = BenchSettings(max_tokens=args.max_tokens, threads=args.threads, draft_max=args.draft_max)
+    prompts = select(load_suite(args.suite), args.limit)
+    engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
+                                 n_seq_max=settings.draft_max + 1))
+    name = default_draft_model(engine.model, engine.store)
+    cfg = DraftConfig(kind="model", n_ctx=DRAFTER_CTX, n_threads=settings.threads)
+    drafter = load_model_drafter(engine.model, engine.store.resolve(name), cfg)
+    assert drafter.ctx.n_seq_max == MAX_TREE_NODES + 1
+    meta = {"model": settings.model, "draft_model": name, "draft_max": settings.draft_max,
+            "n_ctx": settings.n_ctx, "share_prefill": True, "limit": args.limit,
+            "machine": describe(engine.ctx.n_threads), "plain_gen_s": {}, "record_s": {}}
+    done: list[rp.PromptTrace] = []
+    try:
+        for k, p in enumerate(prompts):
+            t0 = time.perf_counter()
+            tokens = _prompt_tokens(engine, p)
+            _share_prefill(engine.seq, tokens)
+            t1 = time.perf_counter()
+            output, finish = rp.record_plain(Decoder(engine.model, engine.seq), tokens, settings.max_tokens)
+            meta["plain_gen_s"][p.id] = time.perf_counter() - t1
+            d = rp.record_drafter(drafter.ctx, tokens, output, drafter.min_confidence, settings.draft_max - 1)
+            done.append(rp.PromptTrace(p.id, p.category, tuple(tokens), output, finish, d))
+            meta["record_s"][p.id] = time.perf_counter() - t0
+            rp.save_trace(rp.Trace(args.suite, settings.max_tokens, tuple(done), meta), args.out)
+            misses = sum(1 for q, c in enumerate(d.confident_at) if c and d.top(q) != output[q])
+            log.info("%d/%d %s: %d prompt + %d output tokens (%s), %d confident misses, %.1f s", k + 1, len(prompts),
+                     p.id, len(tokens), len(output), finish, misses, meta["record_s"][p.id])
+    finally:
+        drafter.close()
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Replays recorded traces against a named cost model: steps, tokens/s and speedups per config.
+
+    .venv/bin/python benchmarks/replay/simulate.py --costs gpu-7b --traces specbench,code-edit \
+        --configs plain,suffix,model,hybrid,auto [--max-tokens 256] [--draft-max 32] [--json out.json]
+
+``--costs``: a JSON file in edgespec.bench.replay.costs_from_json's format, ``cpu-dev`` (this
+development VM, benchmarks/replay/costs/cpu-dev.json, measured by measure_cpu.py), or a
+placement of benchmarks/device/results/curves.json (``PLACEMENTS`` below). Replay needs no
+model and no lock; it takes seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from edgespec.bench import replay as rp
+from edgespec.bench.report import _cell
+from edgespec.bench.summary import OVERALL, PLAIN, summarize
+
+HERE = Path(__file__).resolve().parent
+DEVICE_CURVES = HERE.parent / "device" / "results" / "curves.json"
+# name: (target curve, drafter curve) in DEVICE_CURVES (H100 machine, 8 CPU threads)
+PLACEMENTS = {
+    "gpu-1.5b": ("gpu-1.5b", "gpu-0.5b"),
+    "gpu-7b": ("gpu-7b", "gpu-0.5b"),
+    "offload-7b": ("offload-7b", "gpu-0.5b"),  # 9 GPU layers (a third of the weights), op offload
+    "offload-7b-ngl11": ("offload-7b-ngl11", "gpu-0.5b"),
+    "offload-7b-no-op-offload": ("offload-7b-no-op-offload", "gpu-0.5b"),
+    "draft-gpu-7b": ("cpu-7b", "gpu-0.5b"),  # Dovetail: target on the CPU, drafter on the GPU
+    "draft-gpu-1.5b": ("cpu-1.5b", "gpu-0.5b"),
+    "cpu-7b": ("cpu-7b", "cpu-0.5b"),
+    "cpu-1.5b": ("cpu-1.5b", "cpu-0.5b"),
+}
+
+
+def load_costs(name: str) -> rp.MachineCosts:
+    """A cost model by placement name, ``cpu-dev``, or JSON path."""
+    if name in PLACEMENTS:
+        target, drafter = PLACEMENTS[name]
+        return rp.costs_from_device_curves(json.loads(DEVICE_CURVES.read_text()), target, drafter, name)
+    path = HERE / "costs" / f"{name}.json" if not name.endswith(".json") else Path(name)
+    return rp.costs_from_json(json.loads(path.read_text()), name)
+
+
+def load_traces(names: str) -> list[rp.Trace]:
+    return [rp.load_trace(n if n.endswith(".gz") else HERE / "traces" / f"{n}.json.gz") for n in names.split(",")]
+
+
+def table(records, title: str) -> str:
+    summary = summarize(records)
+    cats = [c for c in summary[PLAIN] if c != OVERALL] + [OVERALL]
+    lines = [f"### {title}", "", "| config | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+    for cfg, cells in summary.items():
+        lines.append(f"| {cfg} | " + " | ".join(_cell(cells.get(c)) for c in cats) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--costs", required=True)
+    ap.add_argument("--traces", default="specbench,code-edit")
+    ap.add_argument("--configs", default="plain,suffix,model,hybrid,auto")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--draft-max", type=int, default=32)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    costs = load_costs(args.costs)
+    settings = rp.ReplaySettings(max_tokens=args.max_tokens, draft_max=args.draft_max)
+    out = {}
+    for trace in load_traces(args.traces):
+        records = rp.replay(trace, args.configs.split(","), costs, settings)
+        print(table(records, f"{trace.suite} on {costs.name} (replayed, {len(trace.prompts)} prompts, "
+                             f"{args.max_tokens} tokens)"))
+        out[trace.suite] = {"records": [r.to_dict() for r in records], "summary": summarize(records)}
+    if args.json:
+        args.json.write_text(json.dumps({"costs": args.costs, "settings": vars(settings), "suites": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
