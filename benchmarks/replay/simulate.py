@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from edgespec.bench import replay as rp
@@ -64,10 +65,14 @@ def main() -> None:
     ap.add_argument("--configs", default="plain,suffix,model,hybrid,auto")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--draft-max", type=int, default=32)
+    ap.add_argument("--step-ms", type=float, default=None,
+                    help="Python-side milliseconds per step on top of the decodes (default: the cost file's)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     costs = load_costs(args.costs)
+    if args.step_ms is not None:
+        costs = replace(costs, step_s=args.step_ms * 1e-3)
     settings = rp.ReplaySettings(max_tokens=args.max_tokens, draft_max=args.draft_max)
     out = {}
     for trace in load_traces(args.traces):
