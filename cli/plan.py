@@ -80,6 +80,9 @@ def plan(
     threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
     onnx_provider: str = c.ONNX_PROVIDER,
     onnx_bits: str = c.ONNX_BITS,
+    placement: str = typer.Option(None, "--placement",
+                                  help="Force where target and drafter run: gpu | offload | draft-gpu | cpu "
+                                       "(default: the planner's choice)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
     """Plan memory placement (GPU layers, drafter, KV cache, context, mmap, threads) without loading."""
@@ -95,14 +98,57 @@ def plan(
     target = replace(mf.footprint, name=model)
     drafter, suffix, notes = _drafter_for(draft, draft_model, target, mf.gguf, store)
     onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
-    p = planner.make_plan(target, drafter, ram, vram, ctx, suffix=suffix, draft_max=draft_max,
-                          draft_tree=draft_tree, mlock=mlock, kv_type=kv_type, threads=threads,
-                          external_drafter=onnx_fp)
+    kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, mlock=mlock, kv_type=kv_type,
+              threads=threads, external_drafter=onnx_fp)
+    p = planner.make_plan(target, drafter, ram, vram, ctx, placement=placement, **kw)
     p.warnings[:0] = notes
+    others = _placements(target, drafter, ram, vram, ctx, kw)
     if as_json:
-        print_json(p.to_dict())
+        print_json({**p.to_dict(), "placements": others})
         return
     _print(p)
+    _print_placements(others, p.placement)
+
+
+def _placements(target, drafter, ram, vram, ctx, kw) -> dict[str, dict]:
+    """What each placement mode would do with these budgets, or why it cannot."""
+    from edgespec.errors import BudgetExceeded
+    from edgespec.memory import placements
+
+    m = planner.machine()
+    out = {}
+    for name in placements.NAMES:
+        try:
+            q = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=name, **kw)
+        except placements.PlacementUnavailable:
+            out[name] = {"available": False, "why": "needs a GPU: " + placements.unavailable(m)[name]}
+            continue
+        except BudgetExceeded as exc:
+            out[name] = {"available": False, "why": str(exc)}
+            continue
+        out[name] = {"available": True, "n_gpu_layers": q.n_gpu_layers, "drafter": q.drafter_placement,
+                     "ram_bytes": q.ram_bytes, "vram_bytes": q.vram_bytes, "kv_type": q.kv_type,
+                     "n_ctx": q.n_ctx, "weights": q.weights_mode}
+    return out
+
+
+def _print_placements(others: dict[str, dict], chosen: str) -> None:
+    fb = planner.fmt_bytes
+    out = Console(highlight=False)
+    t = Table(title="Placements with these budgets", title_justify="left")
+    for col in ("placement", "target GPU layers", "drafter", "RAM", "VRAM", "notes"):
+        t.add_column(col)
+    no_gpu = {o["why"] for o in others.values() if o.get("why", "").startswith("needs a GPU")}
+    for name, o in others.items():
+        mark = f"[bold]{name}[/bold] (chosen)" if name == chosen else name
+        if not o["available"]:
+            t.add_row(mark, "-", "-", "-", "-", "needs a GPU (below)" if o["why"] in no_gpu else o["why"])
+            continue
+        t.add_row(mark, str(o["n_gpu_layers"]), o["drafter"], fb(o["ram_bytes"]), fb(o["vram_bytes"]),
+                  f"{o['kv_type']} cache, context {o['n_ctx']}, {o['weights']} weights")
+    out.print(t)
+    for why in sorted(no_gpu):
+        out.print(f"[yellow]note:[/yellow] {why}")
 
 
 def _print(p: planner.Plan) -> None:

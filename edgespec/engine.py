@@ -61,9 +61,13 @@ class EngineConfig:
     # (edgespec.spec.step.SpeculativeStep); 0 decides every position from the batch.
     recheck_gap: float = 0.0
     n_seq_max: int | None = None  # default: enough sequences for draft_max-node trees
-    # Resident-memory budget in bytes: None keeps the settings above; otherwise the planner
-    # chooses placement, KV type, batch sizes, drafter and file-backed weights within it.
+    # Budgets in bytes and a placement mode (edgespec.memory.placements: gpu | offload |
+    # draft-gpu | cpu). All None keeps the settings above; any of them set, the planner chooses
+    # placement, GPU layers, KV type, batch sizes, drafter and file-backed weights within the
+    # budgets (an unset budget: what the machine has free, minus a margin).
     ram_budget: int | None = None
+    vram_budget: int | None = None
+    placement: str | None = None
     # Requests that may wait behind the running one (None: no limit); one more raises QueueFull.
     max_queue: int | None = None
     # The onnx drafter: onnxruntime execution provider (edgespec.onnx.providers.PROVIDERS; one
@@ -84,12 +88,23 @@ class EngineConfig:
             raise InvalidRequest(f"recheck_gap must be >= 0, got {self.recheck_gap!r}")
         if self.ram_budget is not None and self.ram_budget <= 0:
             raise InvalidRequest(f"ram_budget must be positive, got {self.ram_budget}")
+        if self.vram_budget is not None and self.vram_budget < 0:
+            raise InvalidRequest(f"vram_budget must be >= 0, got {self.vram_budget}")
+        if self.placement is not None:
+            from edgespec.memory.placements import mode
+
+            mode(self.placement)
         if self.max_queue is not None and (isinstance(self.max_queue, bool)
                                            or not isinstance(self.max_queue, int) or self.max_queue < 0):
             raise InvalidRequest(f"max_queue must be a non-negative integer, got {self.max_queue!r}")
         from edgespec.drafters import check_onnx_options
 
         check_onnx_options(self.onnx_provider, self.onnx_bits)
+
+    @property
+    def planned(self) -> bool:
+        """Whether the planner places the load (a budget or a placement is given)."""
+        return self.ram_budget is not None or self.vram_budget is not None or self.placement is not None
 
     @property
     def n_seq(self) -> int:
@@ -107,13 +122,14 @@ class Engine:
         n_seq = config.n_seq
         self.placement = None
         self.releaser = None
-        if config.ram_budget is not None:
+        if config.planned:
             # Plan before loading anything: an impossible budget is refused here, cheaply.
             from edgespec.memory.budget import placement
 
             self.placement = placement(str(path), self.store, config.ram_budget, config.n_ctx, config.draft,
                                        config.draft_model, config.draft_max, config.draft_tree,
-                                       config.n_threads, n_seq)
+                                       config.n_threads, n_seq, config.vram_budget, config.placement,
+                                       config.onnx_provider, config.onnx_bits)
             model_params, ctx_params = self.placement.model_params, self.placement.context_params
         else:
             model_params = ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=config.use_mmap,

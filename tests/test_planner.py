@@ -355,9 +355,9 @@ def test_gpu_offload_fills_vram_then_the_drafter_follows(fp):
     big = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB))
     assert big.n_gpu_layers == t.n_layer + 1 and big.drafter_placement == "gpu"
     assert big.vram_bytes <= big.vram_budget
-    part = planner.make_plan(t, dr, 8 * GiB, 600 * MiB, 4096, machine_info=gpu_machine(16 * GiB))
+    part = planner.make_plan(t, dr, 8 * GiB, 1000 * MiB, 4096, machine_info=gpu_machine(16 * GiB))
     assert 0 < part.n_gpu_layers < t.n_layer + 1 and part.drafter_placement in ("cpu", "none")
-    assert part.vram_bytes <= 600 * MiB
+    assert part.vram_bytes <= 1000 * MiB
     # Fewer layers on the GPU leave more in RAM.
     assert part.ram_bytes > big.ram_bytes
 

@@ -78,10 +78,13 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
     return estimate_onnx_drafter(fp, onnx_dir_for(store, path, bits), bits, used)
 
 
-def placement(target_path: str, store: ModelStore, ram_budget: int, n_ctx: int, draft: str | None,
+def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,
               draft_model: str | None, draft_max: int, draft_tree: bool, threads: int | None,
-              n_seq_max: int, onnx_provider: str = "cpu", onnx_bits: str = "exact") -> Placement:
-    """Plans the load within ``ram_budget``; raises BudgetExceeded when nothing fits."""
+              n_seq_max: int, vram_budget: int | None = None, mode: str | None = None,
+              onnx_provider: str = "cpu", onnx_bits: str = "exact") -> Placement:
+    """Plans the load within the budgets (None: what the machine has free, minus a margin) and,
+    when ``mode`` is given, in that placement; raises BudgetExceeded when nothing fits and
+    PlacementUnavailable when the mode needs a GPU this build lacks."""
     target = model_file(target_path)
     kind = kind_of(draft) if draft is not None else None
     dpath = _optional_drafter(draft, draft_model, target.fingerprint, store) if kind else None
@@ -89,26 +92,30 @@ def placement(target_path: str, store: ModelStore, ram_budget: int, n_ctx: int, 
     uses_suffix = kind is not None and kind.suffix
     onnx_fp = (onnx_drafter_footprint(draft_model, target.fingerprint, store, onnx_provider, onnx_bits)
                if kind is not None and kind.onnx_model else None)
-    plan = planner.make_plan(target.footprint, drafter_fp, ram_budget=ram_budget, n_ctx=n_ctx, suffix=uses_suffix,
-                             draft_max=draft_max, draft_tree=draft_tree, threads=threads,
-                             external_drafter=onnx_fp)
+    plan = planner.make_plan(target.footprint, drafter_fp, ram_budget=ram_budget, vram_budget=vram_budget,
+                             n_ctx=n_ctx, suffix=uses_suffix, draft_max=draft_max, draft_tree=draft_tree,
+                             threads=threads, placement=mode, external_drafter=onnx_fp,
+                             drafter_required=kind is not None and kind.model == "always")
     notes = []
     # The drafter model may be loaded only where the plan counted it.
     effective, allowed = draft, drafter_fp is not None and plan.drafter_placement != "none"
     if drafter_fp is not None and plan.drafter_placement == "none":
         effective = "auto" if draft == "auto" else "suffix"
-        notes.append(f"the drafter model does not fit the {planner.fmt_bytes(ram_budget)} budget: "
-                     f"using the suffix drafter instead")
+        notes.append(f"the drafter model does not fit the {planner.fmt_bytes(plan.ram_budget)} RAM / "
+                     f"{planner.fmt_bytes(plan.vram_budget)} VRAM budgets of the {plan.placement} "
+                     "placement: using the suffix drafter instead")
     model_params = ModelParams(n_gpu_layers=plan.n_gpu_layers, use_mmap=plan.use_mmap,
-                               use_mlock=plan.use_mlock, repack=plan.repack)
+                               use_mlock=plan.use_mlock, repack=plan.repack, no_host=plan.no_host)
     context_params = ContextParams(n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
                                    n_seq_max=max(plan.n_seq_max, n_seq_max), n_threads=plan.threads,
-                                   kv_type=plan.kv_type, flash_attn=plan.flash_attn)
+                                   kv_type=plan.kv_type, flash_attn=plan.flash_attn, op_offload=plan.op_offload)
     draft_model_params = None
     if plan.drafter_placement != "none" and drafter_fp is not None:
-        draft_model_params = ModelParams(n_gpu_layers=plan.drafter_n_gpu_layers, use_mmap=plan.drafter_use_mmap)
+        on_cpu = plan.drafter_n_gpu_layers == 0
+        draft_model_params = ModelParams(n_gpu_layers=plan.drafter_n_gpu_layers, use_mmap=plan.drafter_use_mmap,
+                                         no_host=on_cpu and plan.no_host)
     file_backed = plan.weights_mode == "file-backed"
     for note in notes:
         log.warning("%s", note)
     return Placement(plan, model_params, context_params, effective, allowed, draft_model_params,
-                     plan.suffix_cap_tokens, file_backed, max(ram_budget - RELEASE_MARGIN, 1), tuple(notes))
+                     plan.suffix_cap_tokens, file_backed, max(plan.ram_budget - RELEASE_MARGIN, 1), tuple(notes))

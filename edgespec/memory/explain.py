@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from edgespec.memory import placements
 from edgespec.memory.footprint import ModelFootprint
 from edgespec.memory.machine import MachineInfo, default_threads
 from edgespec.memory.planner import (SUFFIX_BYTES_PER_TOKEN, SUFFIX_DEFAULT_CAP, UBATCH_CHOICES, Decision,
@@ -39,12 +40,13 @@ class _Context:
 
 def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprint,
                drafter: ModelFootprint | None, m: MachineInfo, ram_given: bool, vram_given: bool,
-               n_ctx: int | None, mlock: bool, threads: int | None) -> Plan:
+               n_ctx: int | None, mlock: bool, threads: int | None, forced: str | None = None) -> Plan:
     c = _Context(pl, e, evals, target, drafter, m)
     cfg, tc = e.cfg, e.target_ctx
     use_mlock, mlock_decision = _mlock(c, mlock)
     n_thr = threads or default_threads(m)
-    decisions = (_budgets(c, ram_given, vram_given) + [_gpu_layers(c, vram_given)] + _weights(c)
+    no_host, op_offload = placements.target_flags(e.ngl, m.gpu_offload)
+    decisions = (_budgets(c, ram_given, vram_given) + [_placement(c, forced), _gpu_layers(c, vram_given)] + _weights(c)
                  + [mlock_decision] + _context(c, n_ctx) + _drafters(c) + [_threads(c, threads, n_thr)])
     return Plan(
         target=target.name, drafter=drafter.name if drafter is not None and cfg.drafter != "none" else None,
@@ -52,6 +54,7 @@ def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprin
         n_seq_max=tc.n_seq, kv_type=cfg.kv_type, flash_attn=tc.flash_attn, n_gpu_layers=e.ngl,
         weights_mode="resident" if cfg.resident else "file-backed", use_mmap=e.use_mmap,
         repack=cfg.repack and e.repack_active, use_mlock=use_mlock, drafter_placement=cfg.drafter,
+        placement=cfg.placement, no_host=no_host, op_offload=op_offload,
         drafter_n_gpu_layers=e.drafter_ngl, drafter_use_mmap=e.drafter_mmap,
         suffix_drafter=bool(cfg.suffix_cap), suffix_cap_tokens=cfg.suffix_cap,
         threads=n_thr, threads_batch=n_thr, ram_budget=pl.ram_budget, vram_budget=pl.vram_budget,
@@ -73,6 +76,26 @@ def _budgets(c: _Context, ram_given: bool, vram_given: bool) -> list[Decision]:
     return out
 
 
+def _placement(c: _Context, forced: str | None) -> Decision:
+    cfg, e = c.e.cfg, c.e
+    mode = placements.MODES[cfg.placement]
+    if forced:
+        return Decision("placement", cfg.placement, f"forced (--placement): {mode.help}")
+    if not c.pl.gpu:
+        why = placements.unavailable(c.m).get("gpu") or "no VRAM budget"
+        return Decision("placement", cfg.placement, f"{mode.help}; no GPU placement: {why}")
+    if cfg.placement == "gpu":
+        why = "the whole target fits in the VRAM budget"
+    elif cfg.placement == "offload":
+        why = (f"{e.ngl} of {c.target.n_layer + 1} target layers fit in the VRAM budget"
+               + (" beside the drafter" if e.drafter_ngl else ""))
+    elif cfg.placement == "draft-gpu":
+        why = "not one target layer fits in the VRAM the drafter leaves"
+    else:
+        why = "nothing fits in the VRAM budget"
+    return Decision("placement", cfg.placement, f"{mode.help}: {why}")
+
+
 def _gpu_layers(c: _Context, vram_given: bool) -> Decision:
     m, e, pl, target = c.m, c.e, c.pl, c.target
     if not m.gpu_offload or not m.gpus:
@@ -83,6 +106,8 @@ def _gpu_layers(c: _Context, vram_given: bool) -> Decision:
         return Decision("n_gpu_layers", 0, why)
     if not e.cfg.resident:
         return Decision("n_gpu_layers", 0, "file-backed weights stay on the CPU")
+    if e.ngl == 0:
+        return Decision("n_gpu_layers", 0, f"the {e.cfg.placement} placement keeps the target on the CPU")
     if e.ngl == target.n_layer + 1:
         return Decision("n_gpu_layers", e.ngl, f"all {target.n_layer} blocks and the output head fit in "
                         f"{fmt_bytes(pl.vram_budget)} of VRAM ({fmt_bytes(e.vram)} planned)")

@@ -51,8 +51,17 @@ def _features(system_info: str) -> frozenset:
     return frozenset(m.group(1) for m in re.finditer(r"([A-Z0-9_]+) = 1", system_info))
 
 
-def _is_unified(gpus: list[dict]) -> bool:
+# A GPU whose memory is within this fraction of system RAM shares it (Jetson boards report the
+# board's RAM as the CUDA device's memory).
+UNIFIED_RAM_FRACTION = 0.10
+
+
+def _is_unified(gpus: list[dict], ram_total: int) -> bool:
+    """Whether the GPU draws on system RAM: an integrated GPU, a Tegra/Jetson board, Apple
+    silicon, or a device whose memory equals system RAM."""
     if any(d.get("type") == "igpu" for d in gpus):
+        return True
+    if any(abs(int(d.get("memory_total", 0)) - ram_total) <= UNIFIED_RAM_FRACTION * ram_total for d in gpus):
         return True
     if os.path.exists("/etc/nv_tegra_release"):
         return True
@@ -101,7 +110,7 @@ def machine() -> MachineInfo:
         gpu_offload=bool(info.get("gpu_offload")),
         gpus=tuple(GPUDevice(d["name"], d.get("description", ""), d["type"], int(d["memory_free"]),
                              int(d["memory_total"])) for d in gpus) if info.get("gpu_offload") else (),
-        unified_memory=_is_unified(gpus),
+        unified_memory=_is_unified(gpus, int(vm.total)),
         mmap_supported=bool(info.get("mmap", True)),
         mlock_supported=bool(info.get("mlock", False)),
         memlock_limit=limit,

@@ -21,6 +21,7 @@ from edgespec.memory.footprint import (ENGINE_N_BATCH, MiB, ContextFootprint, Mo
                                        estimate_context, estimate_model)
 from edgespec.memory.machine import (GPUDevice, MachineInfo, default_ram_budget, default_threads,
                                      default_vram_budget, machine)
+from edgespec.memory import placements
 from edgespec.units import format_bytes
 
 # The planner's public surface includes the footprint and machine types it plans with.
@@ -45,10 +46,19 @@ class Weight:
 # The plan search keeps every candidate that fits and picks the one with the lowest sum of
 # these weights (ties: least RAM). Their order is what matters: each says what a user loses.
 RANKING = {
+    "required_drafter_dropped": Weight(5000, "--draft model asked for the drafter model: it is given up only "
+                                             "when no plan holds it, file-backed ones included"),
     "file_backed": Weight(1000, "weights re-read from storage every token: decoding is storage-bound, "
                                 "far slower than any resident plan, so only when nothing resident fits"),
     "cpu_layers": Weight(200, "times the fraction of target layers left on the CPU: a GPU layer decodes "
                               "an order of magnitude faster, worth more than any cache or batch setting"),
+    "no_drafter_beside_gpu": Weight(60, "a GPU without the drafter model: a third of a 7B on the GPU verifies "
+                                        "32-512 tokens for 4-5 plain steps, repaid only by deep acceptance, and "
+                                        "off copied text only a model drafter (1.3 ms/token there) drafts that "
+                                        "deep; worth about 30% of the target's layers on the GPU"),
+    "drafter_cpu_beside_gpu": Weight(40, "drafter on the CPU of a machine with a GPU: the 0.5B drafts a token "
+                                         "in 14.8 ms on 8 CPU threads against 1.3 ms on an H100, most of what "
+                                         "a draft saves; worth a fifth of the target's layers on the GPU"),
     "kv_q4_0": Weight(40, "4-bit cache: visible quality loss on long contexts; before giving up the drafter"),
     "ctx_halving": Weight(30, "per halving of the default context: the user's prompts may no longer fit"),
     "no_drafter_model": Weight(25, "the drafter model's speed-up on free text is lost (suffix drafts remain)"),
@@ -57,7 +67,6 @@ RANKING = {
     "ubatch_128": Weight(5, "prefill in micro-batches of 128"),
     "no_repack": Weight(3, "the interleaved CPU kernels are lost: decoding 10-15% slower"),
     "ubatch_256": Weight(2, "prefill in micro-batches of 256: slightly slower prompt evaluation"),
-    "drafter_cpu_beside_gpu": Weight(1, "drafter on the CPU while the GPU has the target: drafts cost more"),
     "suffix_cap_step": Weight(1, "per step down of the suffix history cap: fewer earlier requests to copy from"),
 }
 
@@ -103,6 +112,9 @@ class Plan:
     repack: bool
     use_mlock: bool
     drafter_placement: str         # "gpu" | "cpu" | "none"
+    placement: str                 # edgespec.memory.placements: gpu | offload | draft-gpu | cpu
+    no_host: bool                  # target weights outside pinned host buffers (repacked for the CPU)
+    op_offload: bool               # large batches run CPU-resident target layers on the GPU
     drafter_n_gpu_layers: int
     drafter_use_mmap: bool
     suffix_drafter: bool
@@ -127,6 +139,7 @@ class Plan:
         """The settings edgespec.memory.budget turns into model and context parameters."""
         return {
             "n_ctx": self.n_ctx, "n_threads": self.threads, "n_gpu_layers": self.n_gpu_layers,
+            "placement": self.placement, "no_host": self.no_host, "op_offload": self.op_offload,
             "use_mmap": self.use_mmap, "use_mlock": self.use_mlock,
             "draft": ("hybrid" if self.suffix_drafter else "model") if self.drafter_placement != "none"
             else ("suffix" if self.suffix_drafter else "none"),
@@ -156,6 +169,7 @@ class _Cfg:
     n_ctx: int
     drafter: str          # "gpu" | "cpu" | "none"
     suffix_cap: int       # 0: no suffix drafter
+    placement: str = "cpu"  # edgespec.memory.placements mode
 
 
 @dataclass
@@ -189,6 +203,7 @@ class _Planner:
         self.force_mmap, self.force_repack = mmap, repack
         self.gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0
         self.feats = m.cpu_features
+        self.drafter_required = False
         self._repack_memo: dict[tuple, int] = {}
 
     def _repack(self, fp: ModelFootprint, n_cpu_blocks: int, head: bool) -> int:
@@ -203,7 +218,8 @@ class _Planner:
 
     def flash_attn(self, cfg: _Cfg) -> bool:
         """The attention kernel the engine will build for this candidate (asked, not copied)."""
-        return resolved_flash_attn(default_flash_attn(self.gpu and cfg.resident, cfg.kv_type))
+        on_gpu = cfg.resident and placements.MODES[cfg.placement].target != "cpu"
+        return resolved_flash_attn(default_flash_attn(on_gpu, cfg.kv_type))
 
     def _target_ctx(self, cfg: _Cfg) -> ContextFootprint:
         drafting = self._drafting(cfg)
@@ -227,6 +243,10 @@ class _Planner:
         compute = 4 * cf.n_outputs * (fp.n_vocab + 2 * fp.n_embd)
         if len(blocks):
             compute = max(compute, cf.compute_layer)
+        # Device memory is allocated, not touched page by page: with the output head on the GPU
+        # the compute buffer holds llama.cpp's whole reservation (H100: 314 MiB for the 1.5B's
+        # 512 logits rows, all on the GPU; 151 MiB split at n_ubatch 256).
+        compute = max(compute, cf.compute_reserved)
         return weights + kv + compute + (GPU_RUNTIME_BYTES if runtime else 0)
 
     def _model_ram(self, fp: ModelFootprint, cf: ContextFootprint, k: int, resident: bool,
@@ -292,37 +312,44 @@ class _Planner:
         return parts, use_mmap, bool(rp), rp, file_bytes
 
     # -- one configuration ----------------------------------------------------------------------
+    def _target_layers(self, cfg: _Cfg, tc: ContextFootprint, drafter_vram: int) -> int:
+        """Target layers on the GPU for the candidate's placement (0: none fits a split target).
+        A split target gets as many as the VRAM left by the drafter holds (head first, then the
+        last blocks, as llama.cpp assigns them), and keeps at least one block on the CPU."""
+        mode = placements.MODES[cfg.placement]
+        if mode.target == "cpu" or not cfg.resident:
+            return 0
+        if mode.target == "gpu":
+            return self.t.n_layer + 1
+        room = self.vram_budget - drafter_vram
+        return next((k for k in range(self.t.n_layer, 0, -1) if self._gpu_need(self.t, tc, k, True) <= room), 0)
+
     def evaluate(self, cfg: _Cfg) -> _Eval:
         t = self.t
         tc = self._target_ctx(cfg)
         parts: list[Part] = [Part("process (Python, libraries)", "RAM", PROCESS_BASE_BYTES, "baseline")]
-        # Target layers on the GPU: as many as the VRAM budget holds (head first, then the last
-        # blocks, as llama.cpp assigns them).
-        ngl = 0
-        if self.gpu and cfg.resident:
-            for k in range(t.n_layer + 1, 0, -1):
-                if self._gpu_need(t, tc, k, True) <= self.vram_budget:
-                    ngl = k
-                    break
-        vram = self._gpu_need(t, tc, ngl, True)
         gname = self.m.gpus[0].name if self.m.gpus else "GPU"
+        dc = self._drafter_ctx(cfg) if cfg.drafter != "none" and self.d is not None else None
+        dngl = self.d.n_layer + 1 if dc is not None and cfg.drafter == "gpu" else 0
+        dvram = self._gpu_need(self.d, dc, dngl, False) if dngl else 0
+        ngl = self._target_layers(cfg, tc, dvram)
+        vram = self._gpu_need(t, tc, ngl, True) + dvram
         if ngl:
-            parts.append(Part("target layers on GPU", gname, vram,
+            parts.append(Part("target layers on GPU", gname, vram - dvram,
                               f"{ngl}/{t.n_layer + 1} layers (head + {ngl - 1} blocks) with their KV cache "
                               f"and compute buffer, + {fmt_bytes(GPU_RUNTIME_BYTES)} runtime"))
+        elif dvram:
+            vram += GPU_RUNTIME_BYTES
+        # A GPU build repacks CPU weights only outside its pinned host buffers, which a split
+        # target keeps (their weights are what op offload streams to the GPU).
+        repack = cfg.repack and not (self.m.gpu_offload and 0 < ngl)
         tparts, use_mmap, rp_on, rp_bytes, file_bytes = self._model_ram(
-            t, tc, ngl, cfg.resident, cfg.repack, "target")
+            t, tc, ngl, cfg.resident, repack, "target")
         parts += tparts
-        dc = None
-        dngl = 0
         d_mmap = False
-        if cfg.drafter != "none" and self.d is not None:
-            dc = self._drafter_ctx(cfg)
-            if cfg.drafter == "gpu":
-                dngl = self.d.n_layer + 1
-                dv = self._gpu_need(self.d, dc, dngl, False)
-                vram += dv
-                parts.append(Part("drafter on GPU", gname, dv, "all layers, KV cache and compute buffer"))
+        if dc is not None:
+            if dngl:
+                parts.append(Part("drafter on GPU", gname, dvram, "all layers, KV cache and compute buffer"))
             dparts, d_mmap, _, _, _ = self._model_ram(self.d, dc, dngl, True, cfg.repack, "drafter")
             parts += dparts
         if cfg.suffix_cap:
@@ -335,8 +362,8 @@ class _Planner:
         if self.m.unified_memory:
             ram += vram  # one pool: GPU allocations come out of the same RAM
         fits = ram <= self.ram_budget and vram <= max(self.vram_budget, 0)
-        if cfg.drafter == "gpu" and ngl < t.n_layer + 1:
-            fits = False  # the drafter gets the GPU only once the whole target is there
+        if placements.MODES[cfg.placement].target == "split" and ngl == 0:
+            fits = False  # not one layer fits beside the drafter: that is draft-gpu or cpu
         penalty = self._penalty(cfg, ngl)
         return _Eval(cfg, fits, ram, vram, penalty, parts, ngl, dngl, use_mmap, d_mmap, rp_on, tc, dc,
                      rp_bytes, file_bytes)
@@ -349,7 +376,8 @@ class _Planner:
         p += {512: 0.0, 256: w["ubatch_256"], 128: w["ubatch_128"]}.get(cfg.n_ubatch, w["ubatch_64"])
         if self.d is not None:
             p += {"gpu": 0.0, "cpu": w["drafter_cpu_beside_gpu"] if self.gpu else 0.0,
-                  "none": w["no_drafter_model"]}[cfg.drafter]
+                  "none": w["no_drafter_model"] + (w["no_drafter_beside_gpu"] if self.gpu else 0.0)
+                  + (w["required_drafter_dropped"] if self.drafter_required else 0.0)}[cfg.drafter]
         if cfg.suffix_cap:
             p += w["suffix_cap_step"] * SUFFIX_CAPS.index(cfg.suffix_cap)
         if not cfg.repack and self._repack(self.t, self.t.n_layer, True):
@@ -357,6 +385,20 @@ class _Planner:
         if self.gpu:
             p += w["cpu_layers"] * (1 - ngl / (self.t.n_layer + 1))
         return p
+
+
+def _layouts(pl: _Planner, forced: str | None) -> list[tuple[str, str]]:
+    """(placement, drafter location) pairs to try: a drafter model runs where its placement puts
+    it, or not at all; draft-gpu without a drafter model is the cpu placement."""
+    names = [forced] if forced else [n for n, p in placements.MODES.items() if pl.gpu or not p.needs_gpu]
+    out = []
+    for name in names:
+        mode = placements.MODES[name]
+        if pl.d is not None:
+            out.append((name, mode.drafter))
+        if mode.target != "cpu" or mode.drafter != "gpu" or forced:
+            out.append((name, "none"))
+    return out
 
 
 def _ctx_options(n_ctx: int | None, n_ctx_train: int) -> list[int]:
@@ -383,8 +425,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
               vram_budget: int | None = None, n_ctx: int | None = None, *, machine_info: MachineInfo | None = None,
               suffix: bool = True, draft_max: int = 32, draft_tree: bool = False, mlock: bool = False,
               kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
-              repack: bool | None = None, threads: int | None = None,
-              external_drafter=None) -> Plan:
+              repack: bool | None = None, threads: int | None = None, placement: str | None = None,
+              external_drafter=None, drafter_required: bool = False) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
 
     Args:
@@ -395,13 +437,19 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         suffix: whether the suffix drafter runs (budgets its index).
         external_drafter: a drafter outside llama.cpp, with ``where`` and ``parts(n_ctx)``
             (edgespec.memory.footprint.OnnxDrafterFootprint), counted in every candidate.
-        kv_type, n_ubatch, mmap, repack: force a choice instead of letting the planner pick.
+        kv_type, n_ubatch, mmap, repack, placement: force a choice instead of letting the planner
+            pick (placement: a name of edgespec.memory.placements.MODES).
         mlock: lock the weights in RAM (only when possible; otherwise stated and off).
+        drafter_required: the drafter model was asked for by name (``--draft model``): plans
+            without it rank last instead of being weighed against target layers and cache.
     Raises:
         InvalidRequest: a context above the trained context, or out-of-range arguments.
+        PlacementUnavailable: a forced placement needs a GPU this machine or build lacks.
         BudgetExceeded: no placement fits; the message names the smallest budget that would.
     """
     m = machine_info or machine()
+    if placement is not None:
+        placements.check_available(placement, m)
     if n_ctx is not None:
         if n_ctx < 16:
             raise InvalidRequest(f"context size {n_ctx} is too small (minimum 16)")
@@ -424,6 +472,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         raise BudgetExceeded(f"no RAM budget: {fmt_bytes(m.ram_available)} available, less than the "
                              "safety margin; pass --ram-budget")
     pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, draft_max, draft_tree, mmap, repack)
+    pl.drafter_required = drafter_required
     pl.external = external_drafter
 
     can_repack = target.repack_bytes(m.cpu_features) > 0 or (
@@ -433,19 +482,20 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
     kv_opts = [kv_type] if kv_type else list(KV_CACHE_TYPES)
     ub_opts = [n_ubatch] if n_ubatch else list(UBATCH_CHOICES)
     ctx_opts = _ctx_options(n_ctx, target.n_ctx_train)
-    drafter_opts = (["gpu", "cpu", "none"] if pl.gpu else ["cpu", "none"]) if drafter is not None else ["none"]
     suffix_opts = list(SUFFIX_CAPS) if suffix else [0]
 
     evals: list[_Eval] = []
-    for resident, rp, kv, ub, ctx, dr, sc in product(resident_opts, repack_opts, kv_opts, ub_opts, ctx_opts,
-                                                     drafter_opts, suffix_opts):
-        if not resident and (rp or dr != "none"):
-            continue  # file-backed weights: no repacked copy, no drafter model
-        cfg = _Cfg(resident, rp, kv, ub, ctx, dr, sc)
+    for resident, rp, kv, ub, ctx, (where, dr), sc in product(resident_opts, repack_opts, kv_opts, ub_opts,
+                                                              ctx_opts, _layouts(pl, placement), suffix_opts):
+        if not resident and (rp or dr != "none" or where != "cpu"):
+            continue  # file-backed weights: on the CPU, no repacked copy, no drafter model
+        cfg = _Cfg(resident, rp, kv, ub, ctx, dr, sc, where)
         e = pl.evaluate(cfg)
         e.penalty += RANKING["ctx_halving"].cost * ctx_opts.index(ctx)
         evals.append(e)
     fitting = [e for e in evals if e.fits]
+    if not fitting and placement is not None and placements.MODES[placement].needs_gpu:
+        _refuse_vram(pl, evals, target, placement)
     if not fitting:
         msg, smallest = _refusal(pl, evals, target, drafter, n_ctx, ctx_opts, ram_given)
         err = BudgetExceeded(msg)
@@ -454,7 +504,21 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
     best = min(fitting, key=lambda e: (e.penalty, e.ram))
     from edgespec.memory.explain import build_plan
 
-    return build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads)
+    return build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads, placement)
+
+
+def _refuse_vram(pl: _Planner, evals: list[_Eval], target: ModelFootprint, placement: str) -> None:
+    """A forced GPU placement whose RAM fits but whose VRAM does not: say what VRAM it needs."""
+    in_ram = [e for e in evals if e.ram <= pl.ram_budget]
+    if not in_ram:
+        return  # the RAM refusal says more
+    low = min(in_ram, key=lambda e: e.vram)
+    need = "not one target layer beside the drafter" if placements.MODES[placement].target == "split" \
+        and low.ngl == 0 else f"{fmt_bytes(low.vram)} of VRAM"
+    others = [n for n in placements.NAMES if n != placement]
+    raise BudgetExceeded(f"placement {placement} does not fit the {fmt_bytes(pl.vram_budget)} VRAM budget "
+                         f"for {target.name}: it needs {need}; raise --vram-budget or choose --placement "
+                         f"{' / '.join(others)}")
 
 
 def _refusal(pl: _Planner, evals: list[_Eval], target: ModelFootprint, drafter: ModelFootprint | None,

@@ -1,0 +1,95 @@
+"""Placement modes: which processor runs the target and which runs the drafter.
+
+The planner chooses one from the devices and budgets (or takes the one ``--placement`` forces);
+each mode declares where its parts go and what llama.cpp must be told for that:
+
+* the target's CPU-resident weights are repacked for the CPU kernels only when a GPU build
+  loads them outside its pinned host buffers (``no_host``), so a target verified on the CPU
+  asks for that;
+* op offload (batches of >= 32 tokens copy CPU-resident weights to the GPU and multiply there)
+  is what makes large drafts cheap for a partly offloaded target, and what a target verified on
+  the CPU must not do.
+
+Measured on an H100 machine with 8 CPU threads (benchmarks/RESULTS-gpu.md, 7B-shaped clone):
+a third of the layers on the GPU verifies 32-512 tokens for 350-440 ms against 83 ms per
+token, while the same target on the CPU pays 458 ms for 16 tokens and 1333 ms for 64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgespec.errors import InvalidRequest
+from edgespec.memory.machine import MachineInfo
+
+
+@dataclass(frozen=True)
+class PlacementMode:
+    name: str
+    target: str    # "gpu": every layer; "split": as many layers as the VRAM budget holds; "cpu"
+    drafter: str   # where a drafter model runs: "gpu" | "cpu"
+    help: str
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.target != "cpu" or self.drafter == "gpu"
+
+
+MODES = {m.name: m for m in (
+    PlacementMode("gpu", "gpu", "gpu", "target and drafter on the GPU (ordinary speculation)"),
+    PlacementMode("offload", "split", "gpu",
+                  "target partly on the GPU (the layers the VRAM budget holds), drafter on the GPU; "
+                  "drafts of 32+ tokens are verified by streaming the CPU layers' weights to the GPU"),
+    PlacementMode("draft-gpu", "cpu", "gpu",
+                  "drafter on the GPU, target on the CPU with repacked weights (Dovetail)"),
+    PlacementMode("cpu", "cpu", "cpu", "target and drafter on the CPU"),
+)}
+NAMES = tuple(MODES)
+
+
+class PlacementUnavailable(InvalidRequest):
+    """A forced placement this machine or build cannot run."""
+
+
+def mode(name: str) -> PlacementMode:
+    try:
+        return MODES[name]
+    except KeyError:
+        raise InvalidRequest(f"unknown placement {name!r}; choose from {', '.join(NAMES)}") from None
+
+
+def unavailable(m: MachineInfo) -> dict[str, str]:
+    """Why each mode cannot run here (modes absent from the result can)."""
+    if not m.gpu_offload:
+        why = ("this llama.cpp build is CPU-only; build it with CUDA (make demo GPU=cuda) "
+               "or another GPU backend")
+    elif not m.gpus:
+        why = "llama.cpp reports no GPU device"
+    else:
+        return {}
+    return {name: why for name, p in MODES.items() if p.needs_gpu}
+
+
+def check_available(name: str, m: MachineInfo) -> PlacementMode:
+    """The mode, or PlacementUnavailable naming why it cannot run here."""
+    p = mode(name)
+    why = unavailable(m).get(name)
+    if why:
+        raise PlacementUnavailable(f"placement {name} needs a GPU: {why}")
+    return p
+
+
+def name_of(n_gpu_layers: int, n_layers_total: int, drafter: str, has_gpu: bool) -> str:
+    """The mode a plan's numbers amount to (``n_layers_total`` counts the output head)."""
+    if n_gpu_layers >= n_layers_total:
+        return "gpu"
+    if n_gpu_layers > 0:
+        return "offload"
+    return "draft-gpu" if drafter == "gpu" and has_gpu else "cpu"
+
+
+def target_flags(n_gpu_layers: int, gpu_build: bool) -> tuple[bool, bool]:
+    """(no_host, op_offload) for the target of a plan: a target wholly on the CPU of a GPU build
+    is loaded outside the pinned host buffers (so its weights are repacked) and never ships a
+    batch to the GPU; a split target ships large batches there."""
+    on_cpu = n_gpu_layers == 0
+    return gpu_build and on_cpu, not on_cpu

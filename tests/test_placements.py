@@ -1,0 +1,112 @@
+"""Placement modes: the planner chooses gpu / offload / draft-gpu / cpu from described devices,
+`--placement` forces one, and what each tells llama.cpp (no_host, op_offload) follows the mode.
+
+Machines are described (a CUDA build with one GPU, a Jetson-like unified-memory board, a
+CPU-only build) so the plans do not depend on where the tests run; the engine test loads a real
+model on this machine."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import DRAFTER, SMALL, TARGET
+from edgespec.engine import Engine, EngineConfig
+from edgespec.errors import BudgetExceeded, InvalidRequest
+from edgespec.memory import placements, planner
+from edgespec.memory.machine import _is_unified
+from test_planner import GiB, MiB, cpu_machine, gpu_machine
+
+
+@pytest.fixture(scope="module")
+def pair(model_path):
+    return (planner.estimate_model(model_path(TARGET), name=TARGET),
+            planner.estimate_model(model_path(DRAFTER), name=DRAFTER))
+
+
+def _plan(pair, vram: int, **kw) -> planner.Plan:
+    t, d = pair
+    return planner.make_plan(t, d, 8 * GiB, vram, 4096, machine_info=gpu_machine(16 * GiB), **kw)
+
+
+def test_vram_decides_the_mode(pair):
+    t, _ = pair
+    whole = _plan(pair, 16 * GiB)
+    assert (whole.placement, whole.n_gpu_layers, whole.drafter_placement) == ("gpu", t.n_layer + 1, "gpu")
+    split = _plan(pair, 1500 * MiB)
+    assert split.placement == "offload" and 0 < split.n_gpu_layers <= t.n_layer
+    assert split.drafter_placement == "gpu" and split.vram_bytes <= 1500 * MiB
+    # A split target keeps its CPU weights in pinned host buffers, which op offload streams to
+    # the GPU for large batches; they are not repacked.
+    assert split.op_offload and not split.no_host and not split.repack
+    drafter_only = _plan(pair, 800 * MiB)
+    assert (drafter_only.placement, drafter_only.n_gpu_layers, drafter_only.drafter_placement) == \
+        ("draft-gpu", 0, "gpu")
+    # The target verified on the CPU: repacked weights, no batch shipped to the GPU.
+    assert drafter_only.no_host and not drafter_only.op_offload and drafter_only.repack
+    none = _plan(pair, 0)
+    assert (none.placement, none.n_gpu_layers, none.drafter_placement) == ("cpu", 0, "cpu")
+    assert [d.name for d in split.decisions][:4] == ["ram_budget", "vram_budget", "placement", "n_gpu_layers"]
+
+
+def test_forced_modes_place_as_named(pair):
+    t, _ = pair
+    for name in placements.NAMES:
+        p = _plan(pair, 16 * GiB, placement=name)
+        assert p.placement == name, name
+        assert "forced" in next(d.why for d in p.decisions if d.name == "placement")
+    assert _plan(pair, 16 * GiB, placement="offload").n_gpu_layers <= t.n_layer  # a block stays on the CPU
+    assert _plan(pair, 16 * GiB, placement="cpu").vram_bytes == 0
+
+
+def test_a_forced_mode_over_the_vram_budget_is_refused_in_one_line(pair):
+    with pytest.raises(BudgetExceeded) as e:
+        _plan(pair, 900 * MiB, placement="gpu")
+    msg = str(e.value)
+    assert "\n" not in msg and "placement gpu" in msg and "VRAM" in msg and "--vram-budget" in msg
+    with pytest.raises(BudgetExceeded, match="not one target layer"):
+        _plan(pair, 300 * MiB, placement="offload")
+
+
+def test_gpu_modes_on_a_cpu_build_are_refused_and_cpu_is_not(pair):
+    t, d = pair
+    for name in ("gpu", "offload", "draft-gpu"):
+        with pytest.raises(placements.PlacementUnavailable, match="CPU-only"):
+            planner.make_plan(t, d, 8 * GiB, None, 4096, machine_info=cpu_machine(), placement=name)
+    p = planner.make_plan(t, d, 8 * GiB, None, 4096, machine_info=cpu_machine(), placement="cpu")
+    assert p.placement == "cpu" and not p.no_host and not p.op_offload  # nothing to bypass on a CPU build
+    assert placements.unavailable(cpu_machine()).keys() == {"gpu", "offload", "draft-gpu"}
+    assert placements.unavailable(gpu_machine(GiB)) == {}
+    with pytest.raises(InvalidRequest, match="unknown placement"):
+        placements.mode("npu")
+
+
+def test_unified_memory_is_one_pool(pair):
+    t, d = pair
+    board = gpu_machine(6 * GiB, unified=True, ram_total=8 * GiB, ram_available=6 * GiB)
+    p = planner.make_plan(t, d, None, None, 4096, machine_info=board)
+    assert p.placement == "gpu" and p.vram_budget == p.ram_budget  # available RAM bounds both
+    assert p.ram_bytes >= p.vram_bytes  # GPU allocations come out of RAM
+    with pytest.raises(BudgetExceeded):
+        planner.make_plan(t, d, 1200 * MiB, None, 4096, machine_info=board, placement="gpu")
+
+
+def test_unified_memory_is_recognised_from_the_device():
+    assert _is_unified([{"type": "igpu", "memory_total": GiB}], 64 * GiB)
+    # A CUDA device reporting the board's RAM as its memory (Jetson Orin: 7.4 of 7.6 GiB).
+    assert _is_unified([{"type": "gpu", "memory_total": int(7.4 * GiB)}], int(7.6 * GiB))
+    assert not _is_unified([{"type": "gpu", "memory_total": 80 * GiB}], 128 * GiB)
+
+
+def test_engine_refuses_a_gpu_placement_on_this_cpu_build_before_loading():
+    with pytest.raises(placements.PlacementUnavailable, match="needs a GPU"):
+        Engine(EngineConfig(model=SMALL, n_ctx=256, placement="gpu"))
+    with pytest.raises(InvalidRequest, match="unknown placement"):
+        EngineConfig(model=SMALL, placement="tpu")
+
+
+def test_engine_in_the_cpu_placement_loads_what_the_plan_says(model_path):
+    with Engine(EngineConfig(model=SMALL, n_ctx=256, placement="cpu", draft="suffix")) as engine:
+        plan = engine.placement.plan
+        assert plan.placement == "cpu" and plan.n_gpu_layers == 0
+        assert engine.model.params.no_host == plan.no_host
+        assert engine.ctx.params.op_offload == plan.op_offload
+        assert engine.generate("Hello", max_tokens=4).stats.generated_tokens == 4
