@@ -21,9 +21,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import llama_cpp as lc  # isort: skip  (before numpy: see edgespec/llama/__init__.py)
 import numpy as np
 
-import llama_cpp as lc
 from edgespec.files.modelfile import model_file
 from edgespec.llama.kernels import KV_CACHE_TYPES
 from edgespec.errors import BackendError, InvalidRequest
