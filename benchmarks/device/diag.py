@@ -12,8 +12,23 @@ backend-*: edgespec.llama.backend (as is; no mmap; no repacking; llama_cpp impor
 import sys
 
 step, path = sys.argv[1], sys.argv[2]
-if step == "raw-numpy-first":
+if step == "preload-ggml":  # llama.cpp's libraries loaded (globally) before numpy, llama_cpp after
+    import ctypes
+    import glob
+    import os
+
+    for name in ("libggml-base.so", "libggml-cpu.so", "libggml-cuda.so", "libggml.so", "libllama.so"):
+        hits = glob.glob(os.path.join(os.environ.get("LLAMA_CPP_LIB_PATH", ""), name))
+        if hits:
+            ctypes.CDLL(hits[0], mode=ctypes.RTLD_GLOBAL)
+    import numpy  # noqa: F401
+    step = "raw-auto"
+if step in ("raw-numpy-first", "maps"):
     import numpy  # noqa: F401 - the import order is what this step varies
+    if step == "maps":  # which shared libraries numpy brought in
+        with open("/proc/self/maps") as f:
+            print("\n".join(sorted({ln.split()[-1] for ln in f if ".so" in ln})))
+        step = "raw-numpy-first"
 if step == "backend-llama-first":
     import llama_cpp  # noqa: F401
 if step.startswith("raw"):

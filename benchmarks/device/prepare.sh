@@ -39,6 +39,7 @@ fi
 # version mismatch there must not stop the install.
 "$PY" -m pip download --quiet --only-binary :all: --python-version 3.12 --no-deps -d "$DEV/wheels" \
     scikit-build-core pathspec packaging diskcache typing_extensions jinja2 MarkupSafe \
+    pytest pluggy iniconfig psutil \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any
 
 for m in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do

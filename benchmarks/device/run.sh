@@ -49,7 +49,10 @@ stage_build() {
 
 stage_install() {
     find "$W/build" -name 'lib*.so*' -exec ln -sf {} "$W/lib/" \;
-    python3 -c 'import llama_cpp' 2>/dev/null && return
+    # The engine and the GPU tests: psutil, pytest (with its two dependencies) if the image lacks them.
+    python3 -c 'import psutil, pytest' 2>/dev/null || python3 -m pip install -q --no-index --no-deps \
+        --target "$W/site" .device/wheels/{psutil,pytest,pluggy,iniconfig}-*.whl
+    python3 -c 'import llama_cpp.llama_cpp' 2>/dev/null && return  # a real install, not a bare folder
     python3 -m pip install -q --no-index --no-deps --target "$W/site" .device/wheels/diskcache-*.whl
     # llama-cpp-python without its own llama.cpp: pure Python over $LLAMA_CPP_LIB_PATH.
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" python3 -m pip install -q --no-index \
@@ -71,6 +74,30 @@ stage_diag() {
     for s in raw-auto raw-numpy-first backend-llama-first; do
         run 20 python3 benchmarks/device/diag.py $s "$W/models/qwen0.5b.gguf"
     done
+}
+
+stage_numpy() {  # why a model load dies when numpy was imported first (section 4 of RESULTS-gpu)
+    local M="$W/models/qwen0.5b.gguf" D=benchmarks/device/diag.py
+    { for s in raw-numpy-first maps preload-ggml; do run 20 python3 $D $s "$M"; echo "$s rc=$?"; done
+      CUDA_VISIBLE_DEVICES= run 20 python3 $D raw-numpy-first "$M"; echo "no-cuda-device rc=$?"
+      OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 run 20 python3 $D raw-numpy-first "$M"; echo "one-thread rc=$?"
+      command -v gdb && run 60 gdb -batch -ex run -ex bt --args python3 $D raw-numpy-first "$M" 2>&1 | tail -40
+    } > "$W/results/numpy.txt" 2>&1
+    cat "$W/results/numpy.txt" | tail -60
+}
+
+stage_modes() {  # the engine end to end in each placement mode
+    run 60 python3 benchmarks/device/engine_modes.py "$W/models" "$W/results/engine-modes.json"
+}
+
+stage_gputests() {  # tests marked gpu, on the clones
+    # edgespec first: the image's pytest (with its plugins) loads numpy before conftest does,
+    # and a process that loaded numpy before llama.cpp dies at its first model load here
+    # (RESULTS-gpu.md section 4; `python3 -m pytest` segfaulted on 2026-11-26)
+    EDGESPEC_GPU_MODELS="$W/models" EDGESPEC_HOME="$W/home" run 60 python3 -c 'import edgespec, sys, pytest
+sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=5", "tests/test_gpu.py"]))' \
+        > "$W/results/gputests.txt" 2>&1
+    tail -30 "$W/results/gputests.txt"
 }
 
 stage_curves() {
@@ -147,7 +174,8 @@ def load(pattern):
         except Exception as e:  # a run cut off mid-write
             d[os.path.basename(p)] = f"unreadable: {e}"
     return d
-for name, pattern in (("curves", "curve-*.json"), ("bench", "bench-*.json"), ("spec", "spec-*.txt")):
+for name, pattern in (("curves", "curve-*.json"), ("bench", "bench-*.json"), ("spec", "spec-*.txt"),
+                      ("engine", "engine-*.json"), ("diag", "*tests.txt"), ("numpy", "numpy.txt")):
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump(load(pattern), f, indent=1)
 PY

@@ -1,0 +1,103 @@
+"""Every placement mode on a real GPU: speculation keeps greedy answers, and the plan's VRAM is
+what CUDA allocates.
+
+Needs a llama.cpp build with a GPU and the shape clones that benchmarks/device/run.sh makes
+(EDGESPEC_GPU_MODELS=DIR holding qwen1.5b.gguf and qwen0.5b.gguf); skipped elsewhere, with the
+reason. Clones carry random weights, so their answers are arbitrary but deterministic: greedy
+speculation must still reproduce plain greedy decoding of the same placement token for token,
+except at measured near-ties (the same rule as tests/test_speculative.py), and a drafter that
+accepts little still exercises drafting, verification and rollback on the GPU.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sampling import SamplingParams
+from edgespec.engine import Engine, EngineConfig
+from edgespec.memory import placements
+from near_ties import near_tie
+
+pytestmark = pytest.mark.gpu
+
+MODELS = Path(os.environ.get("EDGESPEC_GPU_MODELS", "/nonexistent"))
+TARGET, DRAFTER = MODELS / "qwen1.5b.gguf", MODELS / "qwen0.5b.gguf"
+PROMPTS = ["Write a Python function that merges two sorted lists.",
+           "Repeat exactly: one two three four five six seven eight nine ten, one two three four five"]
+TOKENS = 48
+GiB = 1 << 30
+
+
+def _gpu_reason() -> str | None:
+    if not (TARGET.exists() and DRAFTER.exists()):
+        return f"no shape clones in EDGESPEC_GPU_MODELS ({MODELS}); benchmarks/device/run.sh makes them"
+    from edgespec.memory.machine import machine
+
+    return placements.unavailable(machine()).get("gpu")
+
+
+REASON = _gpu_reason()
+skip_without_gpu = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+# The 1.5B clone split in the middle: about half its weights in VRAM beside the drafter.
+MODES = {"gpu": None, "offload": int(1.2 * GiB), "draft-gpu": None, "cpu": None}
+
+
+def _answers(engine: Engine) -> list[tuple[list[int], tuple[int, ...], dict]]:
+    req = GenerationRequest(max_tokens=TOKENS, ignore_eos=True, sampling=SamplingParams(temperature=0.0))
+    out = []
+    for p in PROMPTS:
+        engine.reset()
+        prompt = engine.chat_tokens([{"role": "user", "content": p}])
+        done = engine.chat([{"role": "user", "content": p}], req)
+        out.append((prompt, done.token_ids, done.stats.spec.to_dict() if done.stats.spec else {}))
+    return out
+
+
+@skip_without_gpu
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("draft", ["model", "suffix"])
+def test_speculation_equals_plain_in_every_placement(mode, draft):
+    base = dict(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode], n_threads=8)
+    with Engine(EngineConfig(**base)) as engine:
+        assert engine.placement.plan.placement == mode
+        plain = _answers(engine)
+    cfg = EngineConfig(**base, draft=draft, draft_model=str(DRAFTER), draft_max=8)
+    with Engine(cfg) as engine:
+        assert engine.placement.plan.placement == mode
+        if draft == "model":
+            # Random weights are never confident enough to draft: draft anyway, so drafting,
+            # verification and rollback all run on the GPU.
+            engine.drafter.min_confidence = 0.0
+        spec = _answers(engine)
+        drafted = sum(s.get("drafted", 0) for _, _, s in spec)
+        ties = []
+        for (prompt, want, _), (_, got, _) in zip(plain, spec):
+            if got != want:
+                j = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+                ties.append(near_tie(engine, prompt, want, got, j))
+    if draft == "model":  # suffix drafts need repeats, which a random model may not make
+        assert drafted > 0, "nothing was drafted"
+    for t in ties:
+        assert 0 <= t["gap"] <= 2 * t["local_deviation"], f"{mode}/{draft}: not a near-tie: {t}"
+
+
+@skip_without_gpu
+@pytest.mark.parametrize("mode", ["gpu", "offload", "draft-gpu"])
+def test_planned_vram_matches_what_cuda_allocates(mode):
+    """The plan's GPU buffers (weights, KV cache, compute) within 10% of llama.cpp's report."""
+    from edgespec.llama.probe import capture_llama_log, reported_buffers
+    from edgespec.memory.planner import GPU_RUNTIME_BYTES
+
+    cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode],
+                       draft="model", draft_model=str(DRAFTER), draft_max=8, n_threads=8)
+    with capture_llama_log() as cap:
+        with Engine(cfg) as engine:
+            plan = engine.placement.plan
+    # Device buffers only: "CUDA_Host" ones are pinned host memory (RAM).
+    reported = sum(v for k, v in reported_buffers(cap.lines).items()
+                   if k.startswith("CUDA") and not k.startswith("CUDA_Host"))
+    planned = plan.vram_bytes - GPU_RUNTIME_BYTES
+    assert abs(planned - reported) <= 0.10 * reported, (mode, planned, reported)
