@@ -1,6 +1,8 @@
 # Two commands for a fresh machine (Python >= 3.10 and a C compiler):
 #   make demo   - create .venv, install edgespec, pull the default models, generate, show stats
 #   make test   - the same set-up, then the whole test suite (real llama.cpp, real models)
+# GPU=cuda (e.g. `make demo GPU=cuda`, needs the CUDA toolkit's nvcc) builds llama.cpp with CUDA
+# instead: the GPU placement modes (gpu, offload, draft-gpu) need it.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,7 +11,14 @@ EDGESPEC := $(BIN)/edgespec
 # development VMs the CPU reports AMX tiles but the first AMX kernel dies with SIGILL (the
 # hypervisor does not enable the tile state), so every decode crashed with a native build.
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)"
+GPU ?= cpu
+ifeq ($(GPU),cuda)
+# The native GPU generation only (smaller, faster to build); one flash-attention variant set.
+GPU_CMAKE := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native
+else ifneq ($(GPU),cpu)
+$(error GPU must be cpu or cuda, not $(GPU))
+endif
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)" $(GPU_CMAKE)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
@@ -25,7 +34,13 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard native/*.c)
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $@
 
-install: $(VENV)/.installed
+# A CUDA build of the pinned llama-cpp-python, never pip's cached CPU wheel.
+$(VENV)/.installed-cuda: $(VENV)/.installed
+	$(BIN)/python -m pip install --no-cache-dir --force-reinstall --no-deps \
+		"$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+	touch $@
+
+install: $(VENV)/.installed $(if $(filter cuda,$(GPU)),$(VENV)/.installed-cuda)
 
 models: install
 	@for m in $(DEMO_MODELS); do $(EDGESPEC) models pull $$m || exit 1; done

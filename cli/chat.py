@@ -141,6 +141,8 @@ def chat(
     onnx_bits: str = c.ONNX_BITS,
     recheck_gap: float = c.RECHECK_GAP,
     ram_budget: Optional[str] = c.RAM_BUDGET,
+    vram_budget: Optional[str] = c.VRAM_BUDGET,
+    placement: Optional[str] = c.PLACEMENT,
     show_drafts: bool = typer.Option(False, "--show-drafts", help="Colour text that came from accepted drafts."),
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
@@ -151,7 +153,8 @@ def chat(
         max_tokens=max_tokens,
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
     with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
-                               draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits) as engine:
+                               draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits,
+                               vram_budget, placement) as engine:
         session = ChatSession(engine, request, system)
         write = _writer(show_drafts)
         typer.echo(f"edgespec chat with {model} - /help for commands", err=True)

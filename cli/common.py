@@ -42,17 +42,24 @@ ONNX_BITS = typer.Option("exact", "--onnx-bits",
                          help="--draft onnx: which conversion, exact (the GGUF's blocks) | 4 (4-bit, smaller, faster).")
 RAM_BUDGET = typer.Option(None, "--ram-budget",
                           help="Resident memory limit (2GiB, 2048M, bytes): the planner fits everything under it.")
+VRAM_BUDGET = typer.Option(None, "--vram-budget",
+                           help="GPU memory limit, like --ram-budget (default with --placement: free VRAM - margin).")
+PLACEMENT = typer.Option(None, "--placement",
+                         help="Where target and drafter run: gpu | offload | draft-gpu | cpu (default: the "
+                              "planner's choice when a budget is given; see `edgespec plan`).")
 
 
 def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,
                         draft: str = "auto", draft_max: int = 32, draft_tree: bool = False,
                         draft_model: str | None = None, ram_budget: str | None = None,
-                        recheck_gap: float = 0.0, onnx_provider: str = "cpu", onnx_bits: str = "exact") -> Engine:
+                        recheck_gap: float = 0.0, onnx_provider: str = "cpu", onnx_bits: str = "exact",
+                        vram_budget: str | None = None, placement: str | None = None) -> Engine:
     """Loads the target and its drafter (errors are typed and become one-line CLI messages)."""
     return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
                                draft=draft, draft_max=draft_max, draft_tree=draft_tree, recheck_gap=recheck_gap,
                                draft_model=draft_model, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
-                               onnx_provider=onnx_provider, onnx_bits=onnx_bits))
+                               onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
+                               vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None))
 
 
 def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: float,

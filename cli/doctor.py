@@ -43,6 +43,16 @@ def onnx_providers() -> dict:
             "usable": usable or ["cpu"], "names": list(NAMES)}
 
 
+def placements_here() -> dict:
+    """Each placement mode (edgespec.memory.placements) and whether this machine can run it."""
+    from edgespec.memory.machine import machine
+    from edgespec.memory.placements import MODES, unavailable
+
+    why = unavailable(machine())
+    return {name: {"available": name not in why, "what": p.help, **({"why_not": why[name]} if name in why else {})}
+            for name, p in MODES.items()}
+
+
 def collect() -> dict:
     """Everything doctor reports, as one JSON-ready dict."""
     info = backend.system_info()
@@ -61,6 +71,7 @@ def collect() -> dict:
                       "mmap": info["mmap"], "mlock": info["mlock"], "devices": info["devices"]},
         "native_extensions": HAVE_NATIVE,
         "onnx": onnx_providers(),
+        "placements": placements_here(),
         "store": {"home": str(store.home), "models": [e.to_dict() for e in store.list()]},
     }
 
@@ -87,6 +98,8 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     for dev in lc["devices"]:
         t.add_row("  device", f"{dev['name']} ({dev['type']}): {dev['description']}, "
                   f"{human_bytes(dev['memory_free'])} free of {human_bytes(dev['memory_total'])}")
+    for name, p in d["placements"].items():
+        t.add_row(f"  placement {name}", ("yes: " + p["what"]) if p["available"] else f"no: {p['why_not']}")
     ox = d["onnx"]
     if ox["onnxruntime"] is None:
         t.add_row("onnxruntime", "not installed (--draft onnx unavailable)")

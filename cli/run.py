@@ -36,6 +36,8 @@ def run(
     onnx_bits: str = c.ONNX_BITS,
     recheck_gap: float = c.RECHECK_GAP,
     ram_budget: Optional[str] = c.RAM_BUDGET,
+    vram_budget: Optional[str] = c.VRAM_BUDGET,
+    placement: Optional[str] = c.PLACEMENT,
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     n_gpu_layers: int = c.GPU_LAYERS,
@@ -47,7 +49,8 @@ def run(
         max_tokens=max_tokens, stop=tuple(stop or ()),
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
     with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
-                               draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits) as engine:
+                               draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits,
+                               vram_budget, placement) as engine:
         if raw:
             tokens = engine.text_tokens(text)
         else:

@@ -46,6 +46,8 @@ def serve(
     ram_budget: Optional[str] = typer.Option(None, "--ram-budget", callback=_ram_budget,
                                              help="Refuse to start if weights + KV cache exceed it "
                                                   "(e.g. 2GiB, 2048MiB, 1.5GB, bytes)."),
+    vram_budget: Optional[str] = c.VRAM_BUDGET,
+    placement: Optional[str] = c.PLACEMENT,
     max_queue: int = typer.Option(16, "--max-queue", min=0,
                                   help="Requests that may wait behind the running one; more get 503."),
     allow_host: Optional[list[str]] = typer.Option(None, "--allow-host",
@@ -61,11 +63,17 @@ def serve(
     from edgespec.drafters import check_onnx_options
     from edgespec.engine import Engine, EngineConfig
     from edgespec.files.store import ModelStore
-    from edgespec.units import format_bytes
+    from edgespec.memory.machine import machine
+    from edgespec.memory.placements import check_available
+    from edgespec.units import format_bytes, parse_bytes
 
     store = ModelStore()
     path = store.resolve(model)  # ModelNotFound now, before anything listens
     check_onnx_options(onnx_provider, onnx_bits)  # UnknownProvider too
+    if placement is not None:
+        check_available(placement, machine())  # unknown, or needing a GPU: before anything listens
+    if vram_budget is not None:
+        parse_bytes(vram_budget)
     model_id, aliases = srv.model_names(model, path)
     budget: Optional[int] = ram_budget  # already parsed by the callback
 
@@ -73,7 +81,9 @@ def serve(
         engine = Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
                                      draft=draft, draft_max=draft_max, draft_tree=draft_tree,
                                      draft_model=draft_model, max_queue=max_queue,
-                                     onnx_provider=onnx_provider, onnx_bits=onnx_bits), store)
+                                     onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
+                                     vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None),
+                        store)
         if budget is not None:
             need = srv.engine_memory_bytes(engine)
             if need > budget:
