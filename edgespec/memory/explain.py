@@ -220,8 +220,12 @@ def _context(c: _Context, n_ctx: int | None) -> list[Decision]:
 
 def _drafters(c: _Context) -> list[Decision]:
     cfg, drafter = c.e.cfg, c.drafter
-    out = [_drafter_model(c)] if drafter is not None else [
-        Decision("drafter", "none", "no drafter model for this target (or not requested)")]
+    if drafter is not None:
+        out = [_drafter_model(c)]
+    elif c.pl.external is not None:
+        out = [Decision("drafter", "outside llama.cpp", "its own runtime (e.g. onnxruntime), counted in the parts above")]
+    else:
+        out = [Decision("drafter", "none", "no drafter model for this target (or not requested)")]
     if cfg.suffix_cap == SUFFIX_DEFAULT_CAP:
         out.append(Decision("suffix_cap", cfg.suffix_cap, "default history of earlier requests (~"
                             f"{fmt_bytes(SUFFIX_BYTES_PER_TOKEN * cfg.suffix_cap)})"))
@@ -233,10 +237,17 @@ def _drafters(c: _Context) -> list[Decision]:
 def _drafter_model(c: _Context) -> Decision:
     cfg, name = c.e.cfg, c.drafter.name
     if cfg.drafter == "gpu":
-        return Decision("drafter", "GPU", f"{name} fits in VRAM next to the whole target")
+        beside = {"gpu": "the whole target", "offload": f"{c.e.ngl} target layers"}.get(cfg.placement, "the CPU's target")
+        return Decision("drafter", "GPU", f"{name} fits in VRAM next to {beside} ({cfg.placement} placement)")
     if cfg.drafter == "cpu":
         why = f"{name} runs on the CPU next to the target (target + drafter fit the RAM budget)"
         return Decision("drafter", "CPU", why + ("; it does not fit in VRAM next to the target" if c.pl.gpu else ""))
+    fitting = [x for x in c.evals if x.fits and x.cfg.drafter != "none"]
+    if fitting:
+        best = min(fitting, key=lambda x: (x.penalty, x.ram))
+        return Decision("drafter", "none (suffix drafter only)" if cfg.suffix_cap else "none",
+                        f"a plan with {name} fits ({best.cfg.placement}, {best.ngl} target layers on the GPU) "
+                        "but ranks lower: its VRAM is worth more as target layers (RANKING)")
     with_d = [x.ram for x in c.evals if x.cfg.drafter != "none" and x.cfg.n_ctx == cfg.n_ctx]
     need = f"the smallest plan with {name} needs {fmt_bytes(min(with_d))} of RAM" if with_d else \
         f"{name} cannot be placed"
