@@ -73,11 +73,11 @@ DRAFTS = [("suffix", False), ("model", False), ("model", True), ("hybrid", False
 # of random trees, acceptances and rollbacks per drafter; these show llama.cpp keeps the same
 # promises, which a few hundred real tokens per family do as well as thousands.
 F32_PROMPTS = [PROMPTS[i] for i in (0, 1, 5, 8, 10, 15)]
-F32_TOKENS = 80
+F32_TOKENS = 64
 # The quantized pair proves what F32 cannot: a real target with a real drafter model, where
 # batched numerics flip near-ties. Suffix drafting on the same target adds nothing the F32
 # suffix test and this one do not already show.
-QUANT_PROMPTS = [PROMPTS[i] for i in (0, 1, 5, 10, 12)]
+QUANT_PROMPTS = [PROMPTS[i] for i in (0, 1, 5, 10)]
 QUANT_DRAFTS = [("model", False)]
 QUANT_TOKENS = 40
 
@@ -175,10 +175,10 @@ def test_f32_speculative_greedy_equals_plain(draft, tree, f32_path, f32_plain, m
 # Q4_K_M numerics: batched rows differ from one-token rows by up to ~2 logits on this CPU, so
 # greedy answers part at near-ties often: 7-11 of 20 answers per drafter over 64 tokens (README,
 # AVX-512 VM), at most 55%; the model drafter parted 1 of 6 answers over 48 tokens here (gap
-# 0.004 against a local deviation of 0.59; 253 drafted, 211 accepted). Bound: 3 of 5 (60%). A
+# 0.004 against a local deviation of 0.59; 253 drafted, 211 accepted). Bound: 2 of 4 (50%). A
 # KV or acceptance bug parts nearly every answer, and not only where the two candidates are
 # within the deviation.
-MAX_QUANT_DIVERGENCES = 3
+MAX_QUANT_DIVERGENCES = 2
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,10 @@ def test_quantized_speculation_drafts_and_diverges_only_at_rare_near_ties(draft,
 # -- sampling: the distribution is unchanged -------------------------------------------------
 SAMPLING_PROMPT = ("Repeat exactly: the cat sat on the mat. the cat sat on the mat. "
                    "the cat sat on the mat. the cat sat on the")
-N_SEEDS = 300
+# Seeds per configuration: the joint law of three tokens, cells of >= 10 counts. The exact fake
+# (tests/test_acceptance.py) proves the test's power at thousands of samples; here it shows
+# llama.cpp's rows feed the same law, which a wrong row or a lost rejection breaks grossly.
+N_SEEDS = 200
 
 
 def _first_tokens(engine: Engine, seeds) -> tuple[list[tuple[int, ...]], int]:
