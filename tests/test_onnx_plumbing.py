@@ -124,7 +124,8 @@ def test_cuda_on_this_cpu_only_machine_drafts_on_the_cpu_with_one_warning(model_
         pytest.skip("this onnxruntime has CUDA: nothing falls back")
     model_path(DRAFTER)
     with caplog.at_level(logging.WARNING, logger="edgespec.onnx.session"):
-        with Engine(EngineConfig(model=TARGET, n_ctx=512, n_threads=2, draft="onnx", draft_max=4,
+        # The 0.5B as its own target: the fallback needs an ONNX drafter, not a bigger target.
+        with Engine(EngineConfig(model=DRAFTER, n_ctx=512, n_threads=2, draft="onnx", draft_max=4,
                                  onnx_provider="cuda")) as engine:
             assert engine.drafter.lm.provider == "cpu"
             done = engine.generate("def fibonacci(n):\n    if n < 2:\n        return n\n    return",
