@@ -58,6 +58,8 @@ CONFIGS = {
     "cpu-0.5b": ("qwen0.5b", 0, True, False, (1, 2, 4, 8, 16)),
     # the cliff without op offload, for contrast (large batches would take minutes)
     "offload-7b-no-op-offload": ("qwen7b", THIRD, False, False, (1, 2, 4, 8, 16, 32, 64)),
+    # what the planner gives the 7B when the 0.5B drafter shares that third of VRAM (engine_modes.py)
+    "offload-7b-beside-drafter": ("qwen7b", 4, False, True, SIZES),
 }
 
 

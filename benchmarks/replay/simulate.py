@@ -28,6 +28,8 @@ PLACEMENTS = {
     "gpu-7b": ("gpu-7b", "gpu-0.5b"),
     "offload-7b": ("offload-7b", "gpu-0.5b"),  # 9 GPU layers (a third of the weights), op offload
     "offload-7b-ngl11": ("offload-7b-ngl11", "gpu-0.5b"),
+    # 4 layers: what the planner leaves the 7B when the drafter shares the third (engine_modes.py)
+    "offload-7b-beside-drafter": ("offload-7b-beside-drafter", "gpu-0.5b"),
     "offload-7b-no-op-offload": ("offload-7b-no-op-offload", "gpu-0.5b"),
     "draft-gpu-7b": ("cpu-7b", "gpu-0.5b"),  # Dovetail: target on the CPU, drafter on the GPU
     "draft-gpu-1.5b": ("cpu-1.5b", "gpu-0.5b"),
