@@ -60,6 +60,8 @@ def bench(
     share_prefill: bool = typer.Option(False, "--share-prefill",
                                        help="Evaluate each prompt once for all edgespec configs."),
     ram_budget: Optional[str] = c.RAM_BUDGET,
+    vram_budget: Optional[str] = c.VRAM_BUDGET,
+    placement: Optional[str] = c.PLACEMENT,
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record and the summary here."),
@@ -77,7 +79,8 @@ def bench(
                              temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
                              draft_max=draft_max, repeats=repeat, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
                              share_prefill=share_prefill, recheck_gap=recheck_gap,
-                             onnx_provider=onnx_provider, onnx_bits=onnx_bits)
+                             onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
+                             vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None)
     err = Console(stderr=True, highlight=False)
 
     def progress(n: int, total: int, pid: str, config: str) -> None:

@@ -164,9 +164,7 @@ class Engine:
                                 n_ctx=self.ctx.n_ctx, n_threads=config.n_threads,
                                 onnx_provider=config.onnx_provider, onnx_bits=config.onnx_bits)
         if p is not None:
-            draft_cfg = replace(draft_cfg, kind=p.draft, allow_model=p.model_drafter_allowed,
-                                model_params=p.draft_model_params, suffix_history_tokens=p.suffix_cap_tokens,
-                                calibration_tag="-filebacked" if p.file_backed else "")
+            draft_cfg = replace(p.drafter_config(draft_cfg), kind=p.draft)
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
         self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, config.draft_max, config.recheck_gap))
 

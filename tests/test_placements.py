@@ -110,3 +110,22 @@ def test_engine_in_the_cpu_placement_loads_what_the_plan_says(model_path):
         assert engine.model.params.no_host == plan.no_host
         assert engine.ctx.params.op_offload == plan.op_offload
         assert engine.generate("Hello", max_tokens=4).stats.generated_tokens == 4
+
+
+def test_engine_and_bench_build_the_drafter_where_the_plan_put_it(model_path, store):
+    """One rule (Placement.drafter_config) for the engine and the bench: the drafter model loads
+    with the plan's parameters, not llama.cpp's defaults."""
+    from edgespec.bench.runner import BenchSettings, _Runners
+    from edgespec.drafters import DraftConfig
+    from edgespec.memory.budget import placement
+
+    model_path(DRAFTER)
+    p = placement(str(model_path(TARGET)), store, 8 * GiB, 1024, "model", None, 8, False, None, 9, mode="cpu")
+    cfg = p.drafter_config(DraftConfig(kind="model"))
+    assert cfg.model_params == p.draft_model_params is not None and cfg.allow_model
+    assert cfg.suffix_history_tokens == p.suffix_cap_tokens
+
+    class _PlannedEngine:  # what _Runners reads of an engine
+        placement = p
+        ctx = type("Ctx", (), {"n_ctx": 1024})()
+    assert _Runners(_PlannedEngine(), BenchSettings())._draft_config("model").model_params == p.draft_model_params

@@ -22,7 +22,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from conftest import DRAFTER, SMALL, TARGET
-from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
+from edgespec.llama.backend import ContextParams, LlamaContext
 from edgespec.engine import Engine, EngineConfig
 from edgespec.errors import IncompatibleModels
 from edgespec.decode.request import GenerationRequest

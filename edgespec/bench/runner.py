@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from edgespec.bench import peers
 from edgespec.bench.machine import describe
@@ -50,6 +50,8 @@ class BenchSettings:
     recheck_gap: float = 0.0  # greedy near-tie re-checks (SpeculativeStep)
     repeats: int = 1
     ram_budget: int | None = None
+    vram_budget: int | None = None
+    placement: str | None = None  # edgespec.memory.placements mode (planned, like a budget)
     share_prefill: bool = False
     onnx_provider: str = "cpu"  # the onnx configuration's execution provider
     onnx_bits: str = "exact"  # ... and conversion
@@ -103,10 +105,7 @@ class _Runners:
                           n_threads=self.settings.threads, onnx_provider=self.settings.onnx_provider,
                           onnx_bits=self.settings.onnx_bits)
         p = self.engine.placement
-        if p is not None:
-            cfg = replace(cfg, allow_model=p.model_drafter_allowed, suffix_history_tokens=p.suffix_cap_tokens,
-                          calibration_tag="-filebacked" if p.file_backed else "")
-        return cfg
+        return p.drafter_config(cfg) if p is not None else cfg
 
     def runner(self, config: str):
         """A fresh drafter per call (no history carried between prompts), sharing the model."""
@@ -148,9 +147,11 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     configs = validate_configs(configs)
     # A budget is planned for the target with the suffix drafter; configurations that add a
     # drafter model do so on top of it (auto only when the plan leaves room for one).
+    planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None
     engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                                  n_seq_max=settings.draft_max + 1, ram_budget=settings.ram_budget,
-                                 draft=_planned_draft(configs) if settings.ram_budget is not None else None))
+                                 vram_budget=settings.vram_budget, placement=settings.placement,
+                                 draft=_planned_draft(configs) if planned else None))
     runners = _Runners(engine, settings)
     result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs))
     by_id = {p.id: p for p in prompts}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from edgespec.memory import planner
 from edgespec.llama.backend import ContextParams, ModelParams
-from edgespec.drafters import KINDS, drafter_model_path, kind_of
+from edgespec.drafters import KINDS, DraftConfig, drafter_model_path, kind_of
 from edgespec.files.modelfile import model_file
 from edgespec.errors import InvalidRequest, ModelNotFound
 from edgespec.files.store import ModelStore
@@ -37,6 +37,13 @@ class Placement:
     file_backed: bool
     release_limit: int  # resident bytes above which file-backed weights are dropped
     notes: tuple[str, ...] = ()
+
+    def drafter_config(self, cfg: DraftConfig) -> DraftConfig:
+        """``cfg`` with the drafter as this plan placed it: whether its model may load, where
+        (the drafter model's GPU layers), the suffix index's cap and the calibration tag."""
+        return replace(cfg, allow_model=self.model_drafter_allowed, model_params=self.draft_model_params,
+                       suffix_history_tokens=self.suffix_cap_tokens,
+                       calibration_tag="-filebacked" if self.file_backed else "")
 
 
 def _optional_drafter(draft: str, draft_model: str | None, fingerprint: str, store: ModelStore):
