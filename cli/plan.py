@@ -100,9 +100,10 @@ def plan(
     onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
     kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, mlock=mlock, kv_type=kv_type,
               threads=threads, external_drafter=onnx_fp)
-    p = planner.make_plan(target, drafter, ram, vram, ctx, placement=placement, **kw)
+    m = planner.machine()
+    p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
     p.warnings[:0] = notes
-    others = _placements(target, drafter, ram, vram, ctx, kw)
+    others = _placements(target, drafter, ram, vram, ctx, m, kw)
     if as_json:
         print_json({**p.to_dict(), "placements": others})
         return
@@ -110,12 +111,11 @@ def plan(
     _print_placements(others, p.placement)
 
 
-def _placements(target, drafter, ram, vram, ctx, kw) -> dict[str, dict]:
-    """What each placement mode would do with these budgets, or why it cannot."""
+def _placements(target, drafter, ram, vram, ctx, m: planner.MachineInfo, kw) -> dict[str, dict]:
+    """What each placement mode would do with these budgets on machine ``m``, or why it cannot."""
     from edgespec.errors import BudgetExceeded
     from edgespec.memory import placements
 
-    m = planner.machine()
     out = {}
     for name in placements.NAMES:
         try:

@@ -72,8 +72,7 @@ def serve(
     check_onnx_options(onnx_provider, onnx_bits)  # UnknownProvider too
     if placement is not None:
         check_available(placement, machine())  # unknown, or needing a GPU: before anything listens
-    if vram_budget is not None:
-        parse_bytes(vram_budget)
+    vram = parse_bytes(vram_budget) if vram_budget is not None else None  # a bad size, before listening
     model_id, aliases = srv.model_names(model, path)
     budget: Optional[int] = ram_budget  # already parsed by the callback
 
@@ -82,7 +81,7 @@ def serve(
                                      draft=draft, draft_max=draft_max, draft_tree=draft_tree,
                                      draft_model=draft_model, max_queue=max_queue,
                                      onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
-                                     vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None),
+                                     vram_budget=vram),
                         store)
         if budget is not None:
             need = srv.engine_memory_bytes(engine)

@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import time
 from pathlib import Path
 
 from edgespec.bench.machine import describe
 from edgespec.drafters import DraftConfig, default_draft_model, load_model_drafter
-from edgespec.drafters.auto.calibrate import cost_model
+from edgespec.drafters.auto.calibrate import cost_model, fill_context, time_batch
 from edgespec.engine import Engine, EngineConfig
 
 log = logging.getLogger("measure_cpu")
@@ -30,13 +29,7 @@ REPEATS = 3
 
 
 def _batch_s(ctx, seq: int, token: int, depth: int, n: int) -> float:
-    times = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        ctx.decode([token] * n, range(depth, depth + n), [[seq]] * n, [True] * n)
-        times.append(time.perf_counter() - t0)
-        ctx.seq_rm(seq, depth, -1)
-    return statistics.median(times)
+    return time_batch(ctx, n, seq, token, depth, repeats=REPEATS, reduce=statistics.median)
 
 
 def curves(ctx, depths, sizes) -> dict[int, dict[int, float]]:
@@ -45,9 +38,7 @@ def curves(ctx, depths, sizes) -> dict[int, dict[int, float]]:
     try:
         filled = 0
         for depth in depths:  # increasing: each depth extends the context of the one before
-            for pos in range(filled, depth, ctx.n_batch):
-                n = min(ctx.n_batch, depth - pos)
-                ctx.decode([token] * n, range(pos, pos + n), [[seq]] * n, [False] * (n - 1) + [True])
+            fill_context(ctx, seq, token, filled, depth)
             filled = depth
             _batch_s(ctx, seq, token, depth, 1)  # warm-up
             out[depth] = {n: _batch_s(ctx, seq, token, depth, n) for n in sizes}

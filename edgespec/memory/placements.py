@@ -78,15 +78,6 @@ def check_available(name: str, m: MachineInfo) -> PlacementMode:
     return p
 
 
-def name_of(n_gpu_layers: int, n_layers_total: int, drafter: str, has_gpu: bool) -> str:
-    """The mode a plan's numbers amount to (``n_layers_total`` counts the output head)."""
-    if n_gpu_layers >= n_layers_total:
-        return "gpu"
-    if n_gpu_layers > 0:
-        return "offload"
-    return "draft-gpu" if drafter == "gpu" and has_gpu else "cpu"
-
-
 def target_flags(n_gpu_layers: int, gpu_build: bool) -> tuple[bool, bool]:
     """(no_host, op_offload) for the target of a plan: a target wholly on the CPU of a GPU build
     is loaded outside the pinned host buffers (so its weights are repacked) and never ships a

@@ -192,18 +192,17 @@ class _Eval:
 
 
 class _Planner:
-    external = None  # a drafter outside llama.cpp (make_plan's external_drafter)
-
     def __init__(self, target: ModelFootprint, drafter: ModelFootprint | None, m: MachineInfo,
                  ram_budget: int, vram_budget: int, suffix: bool, draft_max: int, draft_tree: bool,
-                 mmap: bool | None, repack: bool | None):
+                 mmap: bool | None, repack: bool | None, external=None, drafter_required: bool = False):
         self.t, self.d, self.m = target, drafter, m
         self.ram_budget, self.vram_budget = ram_budget, vram_budget
         self.suffix, self.draft_max, self.draft_tree = suffix, draft_max, draft_tree
         self.force_mmap, self.force_repack = mmap, repack
         self.gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0
         self.feats = m.cpu_features
-        self.drafter_required = False
+        self.external = external  # a drafter outside llama.cpp (make_plan's external_drafter)
+        self.drafter_required = drafter_required
         self._repack_memo: dict[tuple, int] = {}
 
     def _repack(self, fp: ModelFootprint, n_cpu_blocks: int, head: bool) -> int:
@@ -471,9 +470,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
     if ram_budget <= 0:
         raise BudgetExceeded(f"no RAM budget: {fmt_bytes(m.ram_available)} available, less than the "
                              "safety margin; pass --ram-budget")
-    pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, draft_max, draft_tree, mmap, repack)
-    pl.drafter_required = drafter_required
-    pl.external = external_drafter
+    pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, draft_max, draft_tree, mmap, repack,
+                  external_drafter, drafter_required)
 
     can_repack = target.repack_bytes(m.cpu_features) > 0 or (
         drafter is not None and drafter.repack_bytes(m.cpu_features) > 0)

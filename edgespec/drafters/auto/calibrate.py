@@ -37,19 +37,29 @@ def _cache_key(ctx: LlamaContext, tag: str = "") -> str:
             f"-{attn}-{VERSION}{tag}")
 
 
-def _time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0) -> float:
-    """Seconds of an n-token batch at positions start..start+n-1 of a scratch sequence.
+def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, repeats: int = REPEATS,
+               reduce=min) -> float:
+    """Seconds of an n-token batch at positions start..start+n-1 of a scratch sequence, every
+    row's logits requested (as verification asks), rolled back after each run.
 
-    The minimum of a few runs: other load on a shared machine only ever adds time, and the
-    policy needs the cost of the work itself.
+    By default the minimum of a few runs: other load on a shared machine only ever adds time,
+    and the policy needs the cost of the work itself.
     """
     times = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         ctx.decode([token] * n, range(start, start + n), [[seq]] * n, [True] * n)
         times.append(time.perf_counter() - t0)
         ctx.seq_rm(seq, start, -1)
-    return min(times)
+    return reduce(times)
+
+
+def fill_context(ctx: LlamaContext, seq: int, token: int, start: int, end: int) -> None:
+    """Decodes filler tokens at positions start..end-1 of ``seq`` (in n_batch chunks), so that
+    timed batches attend to a context of ``end`` tokens."""
+    for pos in range(start, end, ctx.n_batch):
+        n = min(ctx.n_batch, end - pos)
+        ctx.decode([token] * n, range(pos, pos + n), [[seq]] * n, [False] * (n - 1) + [True])
 
 
 def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...], tuple[float, ...]]:
@@ -59,11 +69,9 @@ def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...
     sizes = tuple(n for n in sizes if n <= ctx.n_batch)
     start = max(0, min(CONTEXT_TOKENS, ctx.n_ctx - 2 * max(sizes, default=1)))
     try:
-        for pos in range(0, start, ctx.n_batch):
-            n = min(ctx.n_batch, start - pos)
-            ctx.decode([token] * n, range(pos, pos + n), [[seq]] * n, [False] * (n - 1) + [True])
-        _time_batch(ctx, 1, seq, token, start)  # warm-up: the first decode faults pages in
-        return sizes, tuple(_time_batch(ctx, n, seq, token, start) for n in sizes)
+        fill_context(ctx, seq, token, 0, start)
+        time_batch(ctx, 1, seq, token, start)  # warm-up: the first decode faults pages in
+        return sizes, tuple(time_batch(ctx, n, seq, token, start) for n in sizes)
     finally:
         ctx.seq_rm(seq, -1, -1)
 
@@ -72,8 +80,8 @@ def measure_draft_token(ctx: LlamaContext) -> float:
     """Seconds per drafted token of a model drafter (one-token decodes)."""
     token = ctx.model.tokenize(" the", add_special=False)[0]
     seq = ctx.n_seq_max - 1
-    _time_batch(ctx, 1, seq, token)
-    return _time_batch(ctx, 1, seq, token)
+    time_batch(ctx, 1, seq, token)
+    return time_batch(ctx, 1, seq, token)
 
 
 def cost_model(target: LlamaContext, drafter: LlamaContext | None, home: Path, tag: str = "") -> CostModel:
