@@ -93,7 +93,10 @@ def stats_line(stats: GenerationStats) -> str:
         + f" @ {stats.prompt_tokens_per_s:.1f} tok/s",
         f"generated {stats.generated_tokens} tok @ {stats.tokens_per_s:.1f} tok/s",
         f"ttft {stats.ttft_s:.2f} s",
-        f"peak RSS {format_bytes(stats.peak_rss_bytes)}",
+        # Anon is what a memory limit is hit by; the rest of the RSS is mapped weights the
+        # kernel can drop. The process peak includes loading, which can fault in every weight.
+        f"peak RSS {format_bytes(stats.peak_rss_bytes)} (anon {format_bytes(stats.peak_anon_bytes)}, "
+        f"process {format_bytes(stats.process_peak_rss_bytes)})",
         f"finish {stats.finish_reason}",
     ]
     spec = stats.spec

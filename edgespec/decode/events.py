@@ -29,7 +29,9 @@ class GenerationStats:
     generated_tokens: int = 0
     gen_s: float = 0.0  # wall time from the first sampled token to the end
     ttft_s: float = 0.0  # request start to first token
-    peak_rss_bytes: int = 0
+    peak_rss_bytes: int = 0  # largest RSS sampled during the request (edgespec.memory.rss)
+    peak_anon_bytes: int = 0  # largest RssAnon + RssShmem sampled: what cannot be reclaimed
+    process_peak_rss_bytes: int = 0  # VmHWM: the process's peak RSS ever, model loading included
     finish_reason: str = ""
     spec: SpecStats | None = None  # None: the request ran plain decoding
 

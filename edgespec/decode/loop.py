@@ -100,7 +100,8 @@ class Decoder:
                 yield tail
             stats.gen_s = time.perf_counter() - t_first
         stats.generated_tokens = len(out.tokens)
-        stats.peak_rss_bytes = rss.peak
+        stats.peak_rss_bytes, stats.peak_anon_bytes = rss.peak, rss.peak_anon
+        stats.process_peak_rss_bytes = rss.process_peak
         stats.finish_reason = out.finish_reason
         yield DoneEvent(out.text, tuple(out.tokens), stats)
 

@@ -586,6 +586,9 @@ def _edgespec_stats(done: DoneEvent) -> dict:
         "prompt_tokens_per_s": st.prompt_tokens_per_s,
         "reused_prompt_tokens": st.reused_prompt_tokens,
         "ttft_s": st.ttft_s,
+        "peak_rss_bytes": st.peak_rss_bytes,
+        "peak_anon_bytes": st.peak_anon_bytes,
+        "process_peak_rss_bytes": st.process_peak_rss_bytes,
     }
 
 
