@@ -61,11 +61,19 @@ if command -v ninja >/dev/null && [[ ! -f "$build/CMakeCache.txt" || -f "$build/
     generator=(-G Ninja)
 fi
 
+# AMX off, as the Makefile builds llama-cpp-python: the development VMs report AMX tiles but do
+# not enable the tile state, and a GGML_NATIVE build died with SIGILL (exit 132) at its first
+# decode there. GCC's explicit -mno-* flags win over -march=native whatever their order.
+cflags=""
+if [[ "$(uname -m)" == x86_64 ]]; then cflags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
+
 # Configuring again is cheap and a no-op when nothing changed; it keeps the cache's options in
 # step with this script.
 echo "==> configuring $llama"
 cmake -S "$llama" -B "$build" "${generator[@]}" \
     -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_FLAGS="$cflags" \
+    -DCMAKE_CXX_FLAGS="$cflags" \
     -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF \
