@@ -3,6 +3,7 @@ captured real output, the missing-binary error, and short real runs of each peer
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 
@@ -27,14 +28,21 @@ def chatml(system: str, user: str) -> str:
             "<|im_start|>assistant\n")
 
 
-NATIVE_MISSING = peers.find_peer_binary(peers.SPEC_BINARY) is None
+# Looked up in the user's store at import: the session's temporary $EDGESPEC_HOME has no peers.
+NATIVE_BINARY = peers.find_peer_binary(peers.SPEC_BINARY)
 needs_native = pytest.mark.skipif(
-    NATIVE_MISSING, reason=f"{peers.SPEC_BINARY} not built; run: {peers.BUILD_COMMAND}")
+    NATIVE_BINARY is None, reason=f"{peers.SPEC_BINARY} not built; run: {peers.BUILD_COMMAND}")
+
+
+@pytest.fixture
+def native(monkeypatch):
+    """The user's built binaries on PATH, where the adapter finds them under the session's home."""
+    monkeypatch.setenv("PATH", f"{NATIVE_BINARY.parent}:{os.environ.get('PATH', '')}")
 
 
 # -- parser against captured real output -----------------------------------------------------
 # Captured from llama-speculative-simple built by benchmarks/build_peers.sh (llama.cpp vendored by
-# llama-cpp-python 0.3.36), Qwen2.5-Coder-1.5B target, 2 threads, on a busy 2-core machine:
+# llama-cpp-python 0.3.36), Qwen2.5-Coder-1.5B target, 2 threads, on busy 2-core machines:
 # *.txt is stderr, *.stdout.txt stdout, *.prompt.txt the prompt, *.cmd.json the command.
 def _captured(name: str) -> str:
     return (DATA / f"{name}.txt").read_text(encoding="utf-8")
@@ -126,6 +134,21 @@ def test_parse_run_of_captured_outputs():
     assert r.text.startswith("```python\nfrom typing import List, Tuple\n")
 
 
+def test_parse_captured_native_plain_output():
+    """peer:llama.cpp-plain on the ngram-mod capture's prompt, -n 31: exactly 32 tokens, none drafted
+    ("accept = -nan%"), one token per step (31 single-token evals after the first token)."""
+    err, out, prompt = [(DATA / f"speculative_simple_plain{ext}").read_text(encoding="utf-8")
+                        for ext in (".txt", ".stdout.txt", ".prompt.txt")]
+    r = peers.parse_run(err, out, prompt, max_tokens=32)
+    assert r.new_tokens == r.gen_tokens == 32 and r.raw["overshoot"] == 0
+    assert r.raw["finish_reason"] == "length"
+    assert (r.drafted, r.accepted) == (0, 0) and math.isnan(r.raw["accept_pct"])
+    assert r.gen_s == pytest.approx(2.858) and r.prefill_s == pytest.approx(1.897)
+    assert r.raw["eval_time_runs"] == 31
+    assert r.text.startswith("```python\ndef merge_intervals(intervals):\n")
+    peers.check_plain(r)
+
+
 def test_parse_rejects_output_without_stats():
     with pytest.raises(peers.PeerFailed, match="decoded"):
         peers.parse_speculative_simple("error: failed to load model 'x.gguf'\n")
@@ -136,7 +159,7 @@ def test_missing_binary_raises_peer_unavailable(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert peers.find_peer_binary(peers.SPEC_BINARY) is None
-    for name in ("peer:llama.cpp-draft", "peer:llama.cpp-ngram-mod"):
+    for name in ("peer:llama.cpp-draft", "peer:llama.cpp-ngram-mod", peers.NATIVE_PLAIN):
         with pytest.raises(peers.PeerUnavailable) as exc:
             peers.run(name, "hello", target_path=tmp_path / "m.gguf", draft_path=tmp_path / "d.gguf",
                       max_tokens=8, threads=1, ctx=256)
@@ -173,6 +196,24 @@ def test_command_line_is_greedy_and_file_based(tmp_path):
     assert "--spec-type ngram-mod" in " ".join(cmd) and "-md" not in cmd
 
 
+def test_native_plain_command_drafts_nothing_and_times_like_the_others():
+    """Same binary, same options as the speculative peers; only the spec type differs: an
+    ngram-simple lookup of 1024 tokens (llama.cpp's limit) proposing 1 token."""
+    plain = peers.llama_cpp_command("plain", "bin", "t.gguf", None, "p.txt", 16, 2, 4096)
+    mod = peers.llama_cpp_command("ngram-mod", "bin", "t.gguf", None, "p.txt", 16, 2, 4096)
+    i = plain.index("--spec-type")
+    assert plain[:i] == mod[:mod.index("--spec-type")]
+    assert plain[i:] == ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024",
+                         "--spec-ngram-simple-size-m", "1"]
+    assert peers.NATIVE_PLAIN in peers.PEERS
+
+
+def test_native_plain_refuses_a_run_that_drafted():
+    peers.check_plain(peers.PeerResult(new_tokens=16, gen_s=1.0))
+    with pytest.raises(peers.PeerFailed, match="drafted 1 tokens"):
+        peers.check_plain(peers.PeerResult(new_tokens=16, gen_s=1.0, drafted=1, accepted=1))
+
+
 def test_template_bos_is_not_doubled(model_path):
     """Gemma's template writes "<bos>" and its GGUF asks for a BOS: llama.cpp adds its own, so the
     adapter strips the template's. ChatML models (no add_bos) get the text unchanged."""
@@ -190,7 +231,18 @@ CODE = ("def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n"
 
 
 @needs_native
-def test_real_llama_cpp_draft_run(model_path):
+def test_real_llama_cpp_plain_run(model_path, native):
+    prompt = chatml(SMOL_SYSTEM, "Count from one to twenty in words, separated by commas.")
+    r = peers.run(peers.NATIVE_PLAIN, prompt, target_path=model_path(SMALL), max_tokens=16, threads=2,
+                  ctx=1024)
+    assert r.new_tokens == r.gen_tokens == 16  # -n 15: exactly the budget, no draft to overshoot
+    assert r.raw["finish_reason"] == "length" and r.raw["overshoot"] == 0
+    assert (r.drafted, r.accepted) == (0, 0) and r.gen_s > 0 and r.prefill_s > 0
+    assert r.text and "one" in r.text.lower()
+
+
+@needs_native
+def test_real_llama_cpp_draft_run(model_path, native):
     prompt = chatml(QWEN_SYSTEM, f"Add type hints to this function and return the full code:\n{CODE}")
     r = peers.run("peer:llama.cpp-draft", prompt, target_path=model_path(TARGET),
                   draft_path=model_path(DRAFTER), max_tokens=16, threads=2, ctx=1024)
@@ -204,7 +256,7 @@ def test_real_llama_cpp_draft_run(model_path):
 
 
 @needs_native
-def test_real_llama_cpp_ngram_mod_run(model_path):
+def test_real_llama_cpp_ngram_mod_run(model_path, native):
     prompt = chatml(SMOL_SYSTEM, "Repeat this text exactly: the quick brown fox jumps over the lazy dog.")
     r = peers.run("peer:llama.cpp-ngram-mod", prompt, target_path=model_path(SMALL),
                   max_tokens=16, threads=2, ctx=1024)

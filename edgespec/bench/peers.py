@@ -1,6 +1,6 @@
 """Peer systems the benchmark harness runs side by side with edgespec, same prompts, same models.
 
-Three peers, selectable like configurations:
+Four peers, selectable like configurations:
 
 ``peer:llama-cpp-python-pld``
     llama-cpp-python's own prompt-lookup decoding (``Llama(draft_model=
@@ -12,6 +12,17 @@ Three peers, selectable like configurations:
     --spec-draft-n-max 4``, run as a subprocess.
 ``peer:llama.cpp-ngram-mod``
     the same binary with ``--spec-type ngram-mod`` (model-free n-gram drafting).
+``peer:llama.cpp-plain``
+    the same binary drafting nothing: native plain decoding, timed by the same "decoded" window
+    as the two above, so each native peer has a native baseline. ``--spec-type none`` cannot
+    serve: ``common_speculative_init`` returns NULL without an implementation and the binary
+    exits ("failed to initialize speculative decoding"). Instead ``--spec-type ngram-simple``
+    with a 1024-token lookup n-gram (the most the option takes) and a 1-token draft:
+    ``common_ngram_simple_draft`` returns nothing while the context holds at most
+    1024 + 1 + 1 tokens, and beyond that only when the last 1024 tokens occurred before
+    verbatim. Every step is then one token in a batch of one, the loop plain decoding runs; the
+    adapter refuses a run that drafted anything. ``-n max_tokens - 1`` decodes exactly
+    ``max_tokens`` tokens (no draft, no overshoot).
 
 The native binaries are built from the llama.cpp that llama-cpp-python's source archive vendors
 by ``benchmarks/build_peers.sh`` into ``$EDGESPEC_HOME/peers/bin``; without them the native
@@ -64,7 +75,12 @@ from edgespec.errors import EdgespecError, InvalidRequest
 BUILD_COMMAND = "bash benchmarks/build_peers.sh"
 SPEC_BINARY = "llama-speculative-simple"
 BENCH_BINARY = "llama-bench"
-NATIVE_KINDS = ("draft", "ngram-mod")
+NATIVE_KINDS = ("draft", "ngram-mod", "plain")
+NATIVE_PLAIN = "peer:llama.cpp-plain"  # the native baseline the other native peers are also compared with
+# ngram-simple's longest lookup n-gram (llama.cpp's option refuses more) and shortest draft: the
+# plain peer's "drafter" needs the context to exceed 1024 + 1 + 1 tokens before it even searches.
+NEVER_DRAFT_NGRAM_N = 1024
+NEVER_DRAFT_NGRAM_M = 1
 DEFAULT_TIMEOUT_S = 1800.0
 DRAFT_N_MAX = 4          # --spec-draft-n-max of peer:llama.cpp-draft (as in ../shared/PEERS.md)
 PLD_NUM_PRED_TOKENS = 10  # num_pred_tokens of peer:llama-cpp-python-pld
@@ -260,6 +276,9 @@ def llama_cpp_command(kind: str, binary: str | os.PathLike, target_path: str | o
         cmd += ["--spec-type", "draft-simple", "-md", str(draft_path),
                 "--spec-draft-n-max", str(draft_n_max),
                 "-td", str(threads), "-tbd", str(threads), "-ngld", "0"]
+    elif kind == "plain":
+        cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NEVER_DRAFT_NGRAM_N),
+                "--spec-ngram-simple-size-m", str(NEVER_DRAFT_NGRAM_M)]
     else:
         cmd += ["--spec-type", "ngram-mod"]
     return cmd
@@ -271,12 +290,13 @@ def run_llama_cpp_peer(kind: str, target_path: str | os.PathLike, draft_path: st
                        draft_n_max: int = DRAFT_N_MAX) -> PeerResult:
     """Runs llama.cpp's ``llama-speculative-simple`` greedily on an already-templated prompt.
 
-    ``kind`` is ``"draft"`` (needs ``draft_path``, a drafter with the target's vocabulary) or
-    ``"ngram-mod"``. The prompt travels in a file (``-f``), so no quoting is involved.
+    ``kind`` is ``"draft"`` (needs ``draft_path``, a drafter with the target's vocabulary),
+    ``"ngram-mod"`` or ``"plain"`` (drafts nothing). The prompt travels in a file (``-f``), so
+    no quoting is involved.
 
     Raises:
         PeerUnavailable: the binary is not built, or ``draft`` has no drafter.
-        PeerFailed: the run failed, timed out or printed no statistics.
+        PeerFailed: the run failed, timed out or printed no statistics, or ``plain`` drafted.
         InvalidRequest: an unknown kind or a non-positive ``max_tokens``.
     """
     if kind not in NATIVE_KINDS:
@@ -305,8 +325,21 @@ def run_llama_cpp_peer(kind: str, target_path: str | os.PathLike, draft_path: st
         tail = " | ".join(line.strip() for line in err.strip().splitlines()[-3:])
         raise PeerFailed(f"{SPEC_BINARY} ({kind}) exited with {proc.returncode}: {tail[:400]}")
     r = parse_run(err, out, shown, max_tokens)
+    if kind == "plain":
+        check_plain(r)
     r.raw.update(command=cmd, bos_stripped=to_send != prompt_text, wall_s=wall_s, kind=kind)
     return r
+
+
+def check_plain(r: PeerResult) -> None:
+    """Refuses a native plain run that drafted (its last 1024 tokens had occurred before).
+
+    Raises:
+        PeerFailed: ``r`` verified drafted tokens, so it was not plain decoding.
+    """
+    if r.drafted:
+        raise PeerFailed(f"{NATIVE_PLAIN} drafted {r.drafted} tokens: the text repeated "
+                         f"{NEVER_DRAFT_NGRAM_N} tokens verbatim, so this run was no plain decoding")
 
 
 def parse_run(stderr: str, stdout: str, prompt_shown: str, max_tokens: int) -> PeerResult:
@@ -356,6 +389,7 @@ PEERS: dict[str, Callable[..., PeerResult]] = {
     "peer:llama-cpp-python-pld": _run_pld,
     "peer:llama.cpp-draft": _native("draft"),
     "peer:llama.cpp-ngram-mod": _native("ngram-mod"),
+    NATIVE_PLAIN: _native("plain"),
 }
 
 
