@@ -11,8 +11,9 @@ from rich.table import Table
 
 from edgespec.bench.plot import plot_speedups
 from edgespec.bench.prompts import load_prompts, load_suite, select
-from edgespec.bench.runner import BenchSettings, run_bench
-from edgespec.bench.summary import OVERALL
+from edgespec.bench.peers import NATIVE_PLAIN
+from edgespec.bench.runner import TURNS, BenchSettings, run_bench
+from edgespec.bench.summary import OVERALL, has_native_plain
 from edgespec.cli import app
 from edgespec.cli import common as c
 from edgespec.errors import InvalidRequest
@@ -40,6 +41,19 @@ def render_table(summary: dict) -> Table:
     return t
 
 
+def render_native_table(summary: dict) -> Table:
+    """Each configuration's speedup over native plain decoding, same run."""
+    t = Table(title=f"speedup over native plain ({NATIVE_PLAIN}, same run)")
+    t.add_column("config")
+    categories = list(next(iter(summary.values())).keys())
+    for cat in categories:
+        t.add_column(cat, justify="right")
+    for cfg, cells in summary.items():
+        t.add_row(cfg, *("-" if cells.get(cat) is None else f"{_fmt(cells[cat]['speedup_native'], '.2f')}x"
+                         for cat in categories))
+    return t
+
+
 @app.command()
 def bench(
     suite: Optional[str] = typer.Option(None, "--suite", help="specbench | code-edit"),
@@ -57,6 +71,9 @@ def bench(
     onnx_provider: str = c.ONNX_PROVIDER,
     onnx_bits: str = c.ONNX_BITS,
     recheck_gap: float = c.RECHECK_GAP,
+    turns: str = typer.Option("first", "--turns",
+                              help=f"{' | '.join(TURNS)}: all runs each conversation to its end, every "
+                                   "later turn after plain decoding's answers."),
     share_prefill: bool = typer.Option(False, "--share-prefill",
                                        help="Evaluate each prompt once for all edgespec configs."),
     ram_budget: Optional[str] = c.RAM_BUDGET,
@@ -79,7 +96,7 @@ def bench(
                              temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
                              draft_max=draft_max, repeats=repeat, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
                              share_prefill=share_prefill, recheck_gap=recheck_gap,
-                             onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
+                             onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement, turns=turns,
                              vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None)
     err = Console(stderr=True, highlight=False)
 
@@ -88,7 +105,10 @@ def bench(
 
     result = run_bench(items, [x.strip() for x in configs.split(",") if x.strip()], settings, progress)
     summary = result.summary
-    Console(highlight=False).print(render_table(summary))
+    out = Console(highlight=False)
+    out.print(render_table(summary))
+    if has_native_plain(summary):
+        out.print(render_native_table(summary))
     for cfg, cells in summary.items():
         o = cells[OVERALL]
         if "speedup_min" in o:

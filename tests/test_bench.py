@@ -9,17 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.bench.prompts import SPECBENCH_CATEGORY, load_prompts, load_suite, select
-from edgespec.bench.summary import OVERALL, PLAIN, Record, interleaved_order, summarize
+from edgespec.bench.peers import NATIVE_PLAIN
+from edgespec.bench.prompts import SPECBENCH_CATEGORY, conversation, load_prompts, load_suite, select
+from edgespec.bench.report import markdown
+from edgespec.bench.runner import BenchSettings
+from edgespec.bench.summary import OVERALL, PLAIN, Record, has_native_plain, interleaved_order, summarize
 from edgespec.errors import InvalidRequest
 
 EDGESPEC = str(Path(sys.executable).with_name("edgespec"))
 
 
-def rec(pid, cat, cfg, tokens, secs, steps=0, drafted=0, accepted=0, repeat=0):
+def rec(pid, cat, cfg, tokens, secs, steps=0, drafted=0, accepted=0, repeat=0, turn=1):
     return Record(id=pid, category=cat, config=cfg, new_tokens=tokens, gen_s=secs, prefill_s=0.1,
                   steps=steps, drafted=drafted, accepted=accepted, peak_rss_bytes=1, text="",
-                  repeat=repeat)
+                  repeat=repeat, turn=turn)
 
 
 def test_specbench_suite_categories():
@@ -42,11 +45,14 @@ def test_limit_is_per_category_deterministic_and_spread():
 
 def test_prompt_file_formats_and_errors(tmp_path):
     f = tmp_path / "p.jsonl"
-    f.write_text('{"id": "a", "category": "x", "turns": ["hello", "ignored"]}\n'
+    f.write_text('{"id": "a", "category": "x", "turns": ["hello", "again"]}\n'
                  '{"id": "b", "category": "y", "prompt": "raw text"}\n')
     ps = load_prompts(f)
     assert (ps[0].text, ps[0].templated, ps[1].text, ps[1].templated) == ("hello", True, "raw text", False)
-    for bad, msg in [('{"id": 1}', "category"), ('[1]', "JSON object"), ('nope', "not JSON"),
+    assert (ps[0].follow_ups, ps[1].n_turns) == (("again",), 1)
+    with pytest.raises(InvalidRequest, match="raw text"):
+        conversation(ps[1], ["an answer"])
+    for bad, msg in [('{"id": 1, "category": "c", "turns": ["a", 2]}', "turns"), ('{"id": 1}', "category"), ('[1]', "JSON object"), ('nope', "not JSON"),
                      ('{"id": 1, "category": "c", "turns": []}', "turns"),
                      ('{"id": 1, "category": "c"}\n', "turns")]:
         f.write_text(bad + "\n")
@@ -81,9 +87,79 @@ def test_repeat_spread():
 
 def test_interleaving_order():
     order = interleaved_order(["p1", "p2"], ["suffix", PLAIN, "model"], repeats=2)
-    assert order[:6] == [(0, "p1", PLAIN), (0, "p1", "suffix"), (0, "p1", "model"),
-                         (0, "p2", PLAIN), (0, "p2", "suffix"), (0, "p2", "model")]
-    assert len(order) == 12 and order[6] == (1, "p1", PLAIN)
+    assert order[:6] == [(0, "p1", 1, PLAIN), (0, "p1", 1, "suffix"), (0, "p1", 1, "model"),
+                         (0, "p2", 1, PLAIN), (0, "p2", 1, "suffix"), (0, "p2", 1, "model")]
+    assert len(order) == 12 and order[6] == (1, "p1", 1, PLAIN)
+
+
+def test_interleaving_order_runs_plain_first_in_every_turn():
+    order = interleaved_order(["p1", "p2"], ["suffix"], repeats=1, turns={"p1": 2})
+    assert order == [(0, "p1", 1, PLAIN), (0, "p1", 1, "suffix"), (0, "p1", 2, PLAIN),
+                     (0, "p1", 2, "suffix"), (0, "p2", 1, PLAIN), (0, "p2", 1, "suffix")]
+
+
+def test_specbench_turns_and_conversation():
+    prompts = {p.id: p for p in load_suite("specbench")}
+    multi = [p for p in prompts.values() if p.category == SPECBENCH_CATEGORY]
+    assert len(multi) == 80 and all(p.n_turns == 2 for p in multi)
+    assert all(p.n_turns == 1 for p in prompts.values() if p.category != SPECBENCH_CATEGORY)
+    p = multi[0]
+    assert conversation(p) == [{"role": "user", "content": p.text}]
+    assert conversation(p, ["A1"]) == [{"role": "user", "content": p.text},
+                                       {"role": "assistant", "content": "A1"},
+                                       {"role": "user", "content": p.follow_ups[0]}]
+    with pytest.raises(InvalidRequest, match="2 turn"):
+        conversation(p, ["A1", "A2"])
+
+
+def test_turns_setting_is_checked_before_anything_loads():
+    assert BenchSettings(turns="all").turns == "all"
+    with pytest.raises(InvalidRequest, match="--turns"):
+        BenchSettings(turns="2")
+
+
+def test_later_turns_are_their_own_group():
+    records = [rec("1", "mt", PLAIN, 10, 1.0), rec("1", "mt", "suffix", 10, 0.5),
+               rec("1", "mt", PLAIN, 10, 2.0, turn=2), rec("1", "mt", "suffix", 10, 0.5, turn=2)]
+    s = summarize(records)
+    assert list(s["suffix"]) == ["mt", "mt (turn 2)", OVERALL]
+    assert s["suffix"]["mt"]["speedup"] == pytest.approx(2.0)
+    assert s["suffix"]["mt (turn 2)"]["speedup"] == pytest.approx(4.0)
+    assert s["suffix"][OVERALL]["speedup"] == pytest.approx(20.0 / 7.5)  # every turn
+
+
+def test_speedup_over_native_plain():
+    """Every configuration gets a ratio over native plain too, per category and overall."""
+    records = [rec("1", "a", PLAIN, 100, 10.0), rec("1", "a", NATIVE_PLAIN, 100, 8.0),
+               rec("1", "a", "peer:llama.cpp-ngram-mod", 100, 4.0),
+               rec("2", "b", PLAIN, 100, 10.0), rec("2", "b", NATIVE_PLAIN, 100, 10.0),
+               rec("2", "b", "peer:llama.cpp-ngram-mod", 100, 5.0)]
+    s = summarize(records)
+    mod = s["peer:llama.cpp-ngram-mod"]
+    assert mod["a"]["speedup"] == pytest.approx(2.5) and mod["a"]["speedup_native"] == pytest.approx(2.0)
+    assert mod["b"]["speedup_native"] == pytest.approx(2.0)
+    assert mod[OVERALL]["speedup_native"] == pytest.approx(22.5 / 11.25)
+    assert s[PLAIN]["a"]["speedup_native"] == pytest.approx(0.8)
+    assert s[NATIVE_PLAIN][OVERALL]["speedup_native"] == pytest.approx(1.0)
+    assert has_native_plain(s)
+    without = summarize([r for r in records if r.config != NATIVE_PLAIN])
+    assert not has_native_plain(without)
+    assert without["peer:llama.cpp-ngram-mod"]["a"]["speedup_native"] is None
+
+
+def test_markdown_has_native_table_only_with_native_plain():
+    records = [rec("1", "a", PLAIN, 100, 10.0), rec("1", "a", NATIVE_PLAIN, 100, 8.0),
+               rec("1", "a", "peer:llama.cpp-ngram-mod", 100, 4.0)]
+    machine = {"cpu": "cpu", "physical_cores": 2, "threads": 2, "llama_cpp_python": "0", "edgespec": "0"}
+
+    def md(rs):
+        return markdown({"machine": machine, "records": [r.to_dict() for r in rs]}, "t", "edgespec bench")
+
+    text = md(records)
+    assert f"native plain decoding ({NATIVE_PLAIN})" in text
+    assert "| peer:llama.cpp-ngram-mod | 2.00x | 2.00x |" in text
+    assert "| plain | 0.80x | 0.80x |" in text
+    assert "native plain" not in md(records[:1] + records[2:])
 
 
 def test_short_real_run_json_schema(tmp_path, model_path):
@@ -141,3 +217,27 @@ def test_shared_prefill_evaluates_each_prompt_once(model_path):
 def test_bench_needs_exactly_one_source():
     proc = subprocess.run([EDGESPEC, "bench"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "exactly one of --suite or --prompts" in proc.stderr
+
+
+def test_all_turns_share_plain_history(tmp_path, model_path):
+    """--turns all: the second turn runs for every config on the same history (plain's answer)."""
+    from edgespec.bench.runner import run_bench
+
+    model_path("smollm2-135m")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in [
+        {"id": "two", "category": "chat", "turns": ["Name three colours.", "Now repeat them in reverse order."]},
+        {"id": "one", "category": "chat", "turns": ["Name a fruit."]},
+    ]) + "\n")
+    settings = BenchSettings(model="smollm2-135m", max_tokens=12, turns="all")
+    result = run_bench(load_prompts(prompts), ["plain", "suffix"], settings)
+    by = {(r.id, r.turn, r.config): r for r in result.records}
+    assert sorted(by) == sorted((pid, t, cfg) for pid, t in [("two", 1), ("two", 2), ("one", 1)]
+                                for cfg in ("plain", "suffix"))
+    first, second = by[("two", 1, "plain")], by[("two", 2, "plain")]
+    # the second prompt holds the first turn, plain's answer and the second user message
+    assert second.prompt_tokens > first.prompt_tokens + first.new_tokens
+    assert by[("two", 2, "suffix")].prompt_tokens == second.prompt_tokens
+    assert by[("two", 2, "suffix")].same_as_plain is not None
+    assert "chat (turn 2)" in result.summary["suffix"]
+    assert result.settings["turns"] == "all"

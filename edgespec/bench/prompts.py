@@ -1,12 +1,14 @@
 """Benchmark prompt sets: Spec-Bench, the code-edit suite, or a user's JSONL file.
 
 A prompt file has one JSON object per line: ``id``, ``category`` and either ``turns`` (user
-messages, as in Spec-Bench; the first one is used with the chat template) or ``prompt`` (raw
-text, sent without a template).
+messages, as in Spec-Bench, sent with the chat template: the first one alone, or each in turn
+after the answers to the earlier ones, see :func:`conversation`) or ``prompt`` (raw text, sent
+without a template).
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,11 @@ class BenchPrompt:
     category: str
     text: str
     templated: bool  # True: a user message for the chat template; False: raw prompt text
+    follow_ups: tuple[str, ...] = ()  # the user messages after ``text`` (templated prompts only)
+
+    @property
+    def n_turns(self) -> int:
+        return 1 + len(self.follow_ups)
 
 
 def _parse_line(obj: dict, where: str, specbench: bool) -> BenchPrompt:
@@ -39,9 +46,9 @@ def _parse_line(obj: dict, where: str, specbench: bool) -> BenchPrompt:
         category = SPECBENCH_CATEGORY
     if "turns" in obj:
         turns = obj["turns"]
-        if not (isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0].strip()):
-            raise InvalidRequest(f"{where}: 'turns' must be a non-empty list of strings")
-        return BenchPrompt(str(pid), category, turns[0], True)
+        if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
+            raise InvalidRequest(f"{where}: 'turns' must be a non-empty list of non-empty strings")
+        return BenchPrompt(str(pid), category, turns[0], True, tuple(turns[1:]))
     if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
         return BenchPrompt(str(pid), category, obj["prompt"], False)
     raise InvalidRequest(f"{where}: needs 'turns' (list of user messages) or 'prompt' (text)")
@@ -96,3 +103,20 @@ def select(prompts: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
         k = min(limit, len(items))
         chosen.update(items[i * len(items) // k].id for i in range(k))
     return [p for p in prompts if p.id in chosen]
+
+
+def conversation(p: BenchPrompt, answers: Sequence[str] = ()) -> list[dict]:
+    """The messages of turn ``len(answers) + 1``: each earlier user turn followed by its answer.
+
+    Raises:
+        InvalidRequest: ``p`` is raw text, or has no turn after that many answers.
+    """
+    if not p.templated and answers:
+        raise InvalidRequest(f"prompt {p.id} is raw text: it has one turn")
+    users = (p.text,) + p.follow_ups
+    if len(answers) >= len(users):
+        raise InvalidRequest(f"prompt {p.id} has {len(users)} turn(s), not {len(answers) + 1}")
+    messages = []
+    for user, answer in zip(users, answers):
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return messages + [{"role": "user", "content": users[len(answers)]}]

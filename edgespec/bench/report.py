@@ -1,7 +1,8 @@
 """Markdown tables of a benchmark result, for benchmarks/RESULTS.md."""
 from __future__ import annotations
 
-from edgespec.bench.summary import OVERALL, PLAIN, Record, summarize
+from edgespec.bench.peers import NATIVE_PLAIN
+from edgespec.bench.summary import OVERALL, PLAIN, Record, has_native_plain, summarize
 
 
 def _cell(c: dict | None) -> str:
@@ -11,6 +12,10 @@ def _cell(c: dict | None) -> str:
     ratio = "-" if c.get("speedup") is None else f"{c['speedup']:.2f}x"
     emitted = "" if c.get("mean_emitted") is None else f" ({c['mean_emitted']:.2f})"
     return f"{ratio} · {speed}{emitted}"
+
+
+def _native_cell(c: dict | None) -> str:
+    return "-" if c is None or c.get("speedup_native") is None else f"{c['speedup_native']:.2f}x"
 
 
 def markdown(result: dict, title: str, command: str) -> str:
@@ -27,6 +32,11 @@ def markdown(result: dict, title: str, command: str) -> str:
              "| config | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
     for cfg, cells in summary.items():
         lines.append(f"| {cfg} | " + " | ".join(_cell(cells.get(c)) for c in cats) + " |")
+    if has_native_plain(summary):
+        lines += ["", f"Speedup over native plain decoding ({NATIVE_PLAIN}) in the same run:", "",
+                  "| config | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+        for cfg, cells in summary.items():
+            lines.append(f"| {cfg} | " + " | ".join(_native_cell(cells.get(c)) for c in cats) + " |")
     same = [r for r in records if r.same_as_plain is not None]
     if same:
         lines += ["", "Greedy output identical to plain decoding: " + ", ".join(

@@ -8,17 +8,25 @@ a near-zero prefill). Generation is timed apart from the prefill either way, so 
 not change; long-prompt suites finish much sooner. Suffix drafters start fresh for every
 prompt: a benchmark that repeats prompts must not let a drafter remember the answer from an
 earlier run of the same prompt.
+
+``turns="all"`` runs each conversation to its end. A later turn's prompt holds every earlier
+user turn followed by *plain decoding's* answer to it in the same run and repeat, so all
+configurations, peers included, are timed on identical histories (a speculative answer that
+flipped a greedy near-tie would otherwise change what the next turn sees). Plain runs each turn
+first (see ``interleaved_order``); every turn is timed on its own, its prompt evaluated like any
+other. The history is in the prompt, so a suffix drafter, which indexes the whole prompt,
+drafts from the earlier turns and answers.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from edgespec.bench import peers
 from edgespec.bench.machine import describe
-from edgespec.bench.prompts import BenchPrompt
+from edgespec.bench.prompts import BenchPrompt, conversation
 from edgespec.bench.summary import PLAIN, Record, interleaved_order, summarize
 from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of, make_drafter
 from edgespec.engine import Engine, EngineConfig
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 EDGESPEC_CONFIGS = NAMES[:3] + ("model-tree",) + NAMES[3:]
 # Configurations that always draft with the drafter model (declared by the drafter kinds).
 MODEL_CONFIGS = tuple(c for c in EDGESPEC_CONFIGS if kind_of(c.removesuffix("-tree")).model == "always")
+TURNS = ("first", "all")  # bench --turns: the first user turn only, or each conversation to its end
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,11 @@ class BenchSettings:
     share_prefill: bool = False
     onnx_provider: str = "cpu"  # the onnx configuration's execution provider
     onnx_bits: str = "exact"  # ... and conversion
+    turns: str = "first"  # one of TURNS
+
+    def __post_init__(self) -> None:
+        if self.turns not in TURNS:
+            raise InvalidRequest(f"--turns must be one of {', '.join(TURNS)}, got {self.turns!r}")
 
 
 @dataclass
@@ -102,7 +116,8 @@ class _Runners:
 
     def _draft_config(self, kind: str) -> DraftConfig:
         cfg = DraftConfig(kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
-                          n_threads=self.settings.threads, onnx_provider=self.settings.onnx_provider,
+                          n_threads=self.settings.threads, draft_max=self.settings.draft_max,
+                          onnx_provider=self.settings.onnx_provider,
                           onnx_bits=self.settings.onnx_bits)
         p = self.engine.placement
         return p.drafter_config(cfg) if p is not None else cfg
@@ -124,21 +139,23 @@ class _Runners:
             self._model_drafter.close()
 
 
-def _record(p: BenchPrompt, config: str, repeat: int, done: DoneEvent) -> Record:
+def _record(p: BenchPrompt, config: str, repeat: int, turn: int, done: DoneEvent) -> Record:
     s, x = done.stats, done.stats.spec
     steps = x.steps if x is not None else max(s.generated_tokens - 1, 0)
     return Record(id=p.id, category=p.category, config=config, new_tokens=s.generated_tokens,
                   gen_s=s.gen_s, prefill_s=s.prompt_eval_s, steps=steps, drafted=x.drafted if x else 0,
                   accepted=x.accepted if x else 0, peak_rss_bytes=s.peak_rss_bytes, text=done.text,
                   repeat=repeat, gen_tokens=max(s.generated_tokens - 1, 0),
-                  reused_prompt_tokens=s.reused_prompt_tokens)
+                  reused_prompt_tokens=s.reused_prompt_tokens, turn=turn, prompt_tokens=s.prompt_tokens)
 
 
-def _peer_record(p: BenchPrompt, config: str, repeat: int, r: peers.PeerResult) -> Record:
+def _peer_record(p: BenchPrompt, config: str, repeat: int, turn: int, r: peers.PeerResult) -> Record:
+    raw = r.raw or {}
     return Record(id=p.id, category=p.category, config=config, new_tokens=r.new_tokens, gen_s=r.gen_s,
-                  prefill_s=r.prefill_s or 0.0, steps=r.raw.get("steps", 0) if r.raw else 0,
-                  drafted=r.drafted, accepted=r.accepted, peak_rss_bytes=r.raw.get("peak_rss_bytes", 0)
-                  if r.raw else 0, text=r.text or "", repeat=repeat, gen_tokens=r.gen_tokens)
+                  prefill_s=r.prefill_s or 0.0, steps=raw.get("steps", 0), drafted=r.drafted,
+                  accepted=r.accepted, peak_rss_bytes=raw.get("peak_rss_bytes", 0), text=r.text or "",
+                  repeat=repeat, gen_tokens=r.gen_tokens, turn=turn,
+                  prompt_tokens=raw.get("encoded_tokens", raw.get("prompt_tokens", 0)))
 
 
 def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSettings,
@@ -155,20 +172,22 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     runners = _Runners(engine, settings)
     result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs))
     by_id = {p.id: p for p in prompts}
-    order = interleaved_order([p.id for p in prompts], configs, settings.repeats)
-    plain_text: dict[tuple[int, str], str] = {}
+    turns = {p.id: p.n_turns for p in prompts} if settings.turns == "all" else None
+    order = interleaved_order([p.id for p in prompts], configs, settings.repeats, turns)
+    plain_text: dict[tuple[int, str, int], str] = {}  # plain's answer per (repeat, prompt, turn)
     try:
-        for n, (repeat, pid, config) in enumerate(order):
+        for n, (repeat, pid, turn, config) in enumerate(order):
             p = by_id[pid]
             if progress:
-                progress(n, len(order), pid, config)
-            rec = _run_one(engine, runners, p, config, repeat, settings)
+                progress(n, len(order), pid if turn == 1 else f"{pid} turn {turn}", config)
+            answers = [plain_text[(repeat, pid, t)] for t in range(1, turn)]
+            rec = _run_one(engine, runners, p, answers, config, repeat, settings)
             if rec is None:
                 continue
             if config == PLAIN:
-                plain_text[(repeat, pid)] = rec.text
-            elif (repeat, pid) in plain_text:
-                rec.same_as_plain = rec.text == plain_text[(repeat, pid)]
+                plain_text[(repeat, pid, turn)] = rec.text
+            elif (repeat, pid, turn) in plain_text:
+                rec.same_as_plain = rec.text == plain_text[(repeat, pid, turn)]
             result.records.append(rec)
     finally:
         runners.close()
@@ -181,26 +200,29 @@ def _planned_draft(configs: list[str]) -> str:
     return "auto" if any(c in MODEL_CONFIGS or c == "auto" for c in configs) else "suffix"
 
 
-def _prompt_tokens(engine: Engine, p: BenchPrompt) -> list[int]:
+def _prompt_tokens(engine: Engine, p: BenchPrompt, answers: Sequence[str] = ()) -> list[int]:
     if p.templated:
-        return engine.chat_tokens([{"role": "user", "content": p.text}])
+        return engine.chat_tokens(conversation(p, answers))
     return engine.text_tokens(p.text)
 
 
-def _run_one(engine, runners, p: BenchPrompt, config: str, repeat: int, settings: BenchSettings):
+def _run_one(engine, runners, p: BenchPrompt, answers: list[str], config: str, repeat: int,
+             settings: BenchSettings):
+    """One turn (``len(answers) + 1``) of ``p`` under ``config``; None when it was skipped."""
+    turn = len(answers) + 1
     if config.startswith("peer:"):
         try:
-            r = peers.run(config, _render(engine, p),
+            r = peers.run(config, _render(engine, p, answers),
                           target_path=engine.model.path, draft_path=_peer_draft_path(engine, settings),
                           max_tokens=settings.max_tokens, threads=engine.ctx.n_threads, ctx=settings.n_ctx)
         except peers.PeerUnavailable as exc:
             log.warning("%s skipped: %s", config, exc)
             return None
-        return _peer_record(p, config, repeat, r)
+        return _peer_record(p, config, repeat, turn, r)
     if config in MODEL_CONFIGS and not runners.model_allowed:
         log.warning("%s skipped: the drafter model does not fit the RAM budget", config)
         return None
-    tokens = _prompt_tokens(engine, p)
+    tokens = _prompt_tokens(engine, p, answers)
     shared_s = 0.0
     if not settings.share_prefill:
         engine.reset()
@@ -211,7 +233,7 @@ def _run_one(engine, runners, p: BenchPrompt, config: str, repeat: int, settings
     done = None
     for ev in runners.runner(config).stream(tokens, request):
         done = ev
-    rec = _record(p, config, repeat, done)
+    rec = _record(p, config, repeat, turn, done)
     rec.prefill_s += shared_s
     return rec
 
@@ -233,10 +255,10 @@ def _share_prefill(seq, tokens: list[int]) -> float:
     return time.perf_counter() - t0
 
 
-def _render(engine: Engine, p: BenchPrompt) -> str:
+def _render(engine: Engine, p: BenchPrompt, answers: Sequence[str] = ()) -> str:
     """The exact prompt text edgespec feeds the model, for peers that tokenize themselves."""
     if p.templated:
-        return engine.template.render([{"role": "user", "content": p.text}], add_generation_prompt=True)
+        return engine.template.render(conversation(p, answers), add_generation_prompt=True)
     return p.text
 
 

@@ -5,11 +5,19 @@ mean for plain decoding in the same run, per category and overall. Tokens/s of a
 new tokens over the generation phase (prefill excluded and reported apart). Mean emitted
 tokens per step is the tokens produced by steps over the steps (1.00 for plain decoding; the
 first token comes out of the prefill, not a step).
+
+Records of a later conversation turn (``bench --turns all``) form a group of their own,
+"CATEGORY (turn N)", beside their category's first turns; "overall" covers every turn. When the
+run has native plain decoding (``peer:llama.cpp-plain``), every cell also carries
+``speedup_native``: the same ratio over native plain, so native peers are measured against
+their own baseline as well as against edgespec's plain.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from statistics import mean
+
+from edgespec.bench.peers import NATIVE_PLAIN
 
 PLAIN = "plain"
 OVERALL = "overall"
@@ -36,6 +44,13 @@ class Record:
     # (which comes out of the prefill), llama.cpp's "decoded" window includes it.
     gen_tokens: int | None = None
     reused_prompt_tokens: int = 0  # prompt tokens found in the KV cache (bench --share-prefill)
+    turn: int = 1  # the conversation turn: its prompt holds the earlier turns and plain's answers
+    prompt_tokens: int = 0  # 0: the peer did not report it
+
+    @property
+    def group(self) -> str:
+        """The summary column: the category, with the turn after the first."""
+        return self.category if self.turn == 1 else f"{self.category} (turn {self.turn})"
 
     @property
     def tokens_per_s(self) -> float:
@@ -48,13 +63,14 @@ class Record:
         return d
 
 
-def _cell(records: list[Record], plain_tps: float | None) -> dict:
+def _cell(records: list[Record], plain_tps: float | None, native_tps: float | None) -> dict:
     tps = mean(r.tokens_per_s for r in records)
     steps = sum(r.steps for r in records)
     emitted = sum(max(r.new_tokens - 1, 0) for r in records if r.steps)
     return {
         "tokens_per_s": tps,
         "speedup": tps / plain_tps if plain_tps else None,
+        "speedup_native": tps / native_tps if native_tps else None,
         "mean_emitted": emitted / steps if steps else None,
         "prompts": len({r.id for r in records}),
         "acceptance_rate": (sum(r.accepted for r in records) / sum(r.drafted for r in records)
@@ -62,23 +78,35 @@ def _cell(records: list[Record], plain_tps: float | None) -> dict:
     }
 
 
+def _baseline(records: list[Record], config: str) -> tuple[dict[str, float], float | None]:
+    """Mean tokens/s of ``config`` per group, and over all its records (None: it never ran)."""
+    mine = [r for r in records if r.config == config]
+    groups = dict.fromkeys(r.group for r in mine)
+    per_group = {g: mean(r.tokens_per_s for r in mine if r.group == g) for g in groups}
+    return per_group, mean(r.tokens_per_s for r in mine) if mine else None
+
+
 def summarize(records: list[Record]) -> dict[str, dict[str, dict]]:
-    """summary[config][category or "overall"] = {tokens_per_s, speedup, mean_emitted, ...}."""
+    """summary[config][group or "overall"] = {tokens_per_s, speedup, speedup_native, mean_emitted, ...}."""
     configs = list(dict.fromkeys(r.config for r in records))
-    categories = list(dict.fromkeys(r.category for r in records))
-    plain = {c: mean(r.tokens_per_s for r in records if r.config == PLAIN and r.category == c)
-             for c in categories if any(r.config == PLAIN and r.category == c for r in records)}
-    plain_all = [r.tokens_per_s for r in records if r.config == PLAIN]
+    groups = list(dict.fromkeys(r.group for r in records))
+    plain, plain_all = _baseline(records, PLAIN)
+    native, native_all = _baseline(records, NATIVE_PLAIN)
     out: dict[str, dict[str, dict]] = {}
     for cfg in configs:
         rows = [r for r in records if r.config == cfg]
-        out[cfg] = {c: _cell([r for r in rows if r.category == c], plain.get(c))
-                    for c in categories if any(r.category == c for r in rows)}
-        out[cfg][OVERALL] = _cell(rows, mean(plain_all) if plain_all else None)
+        out[cfg] = {g: _cell([r for r in rows if r.group == g], plain.get(g), native.get(g))
+                    for g in groups if any(r.group == g for r in rows)}
+        out[cfg][OVERALL] = _cell(rows, plain_all, native_all)
         spread = _repeat_spread(records, cfg)
         if spread is not None:
             out[cfg][OVERALL]["speedup_min"], out[cfg][OVERALL]["speedup_max"] = spread
     return out
+
+
+def has_native_plain(summary: dict[str, dict[str, dict]]) -> bool:
+    """Whether any cell of ``summary`` has a ratio over native plain decoding."""
+    return any(c.get("speedup_native") is not None for cells in summary.values() for c in cells.values())
 
 
 def _repeat_spread(records: list[Record], cfg: str) -> tuple[float, float] | None:
@@ -95,8 +123,13 @@ def _repeat_spread(records: list[Record], cfg: str) -> tuple[float, float] | Non
     return (min(values), max(values)) if values else None
 
 
-def interleaved_order(prompt_ids: list[str], configs: list[str], repeats: int) -> list[tuple[int, str, str]]:
-    """(repeat, prompt id, config) in the order runs happen: every config of a prompt back to
-    back (plain first), so machine noise hits all configurations alike."""
+def interleaved_order(prompt_ids: list[str], configs: list[str], repeats: int,
+                      turns: dict[str, int] | None = None) -> list[tuple[int, str, int, str]]:
+    """(repeat, prompt id, turn, config) in the order runs happen: every config of a prompt's
+    turn back to back (plain first), so machine noise hits all configurations alike, and plain
+    has answered a turn before any configuration runs the next. ``turns``: how many turns each
+    prompt runs (default 1)."""
     configs = [PLAIN] + [c for c in configs if c != PLAIN]
-    return [(k, pid, cfg) for k in range(repeats) for pid in prompt_ids for cfg in configs]
+    turns = turns or {}
+    return [(k, pid, t, cfg) for k in range(repeats) for pid in prompt_ids
+            for t in range(1, turns.get(pid, 1) + 1) for cfg in configs]
