@@ -8,7 +8,7 @@ exact fake model. Here real models show llama.cpp keeps the fake's promises:
 * Q4_K_M Qwen pair (a real target and drafter): drafting happens and pays, and the rare
   divergences each sit at a measured near-tie: plain decoding's two candidates there are closer
   than batched evaluation moves those very logits.
-* T = 0.8: the distribution of the first tokens matches plain sampling (chi-square).
+* T = 0.8: the first tokens follow plain sampling's exact law (chi-square goodness of fit).
 * KV integrity: after many steps with rejections the cache equals a fresh prefill.
 """
 from __future__ import annotations
@@ -16,18 +16,19 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from scipy.stats import chi2_contingency
+from scipy.stats import chisquare
 
 from conftest import DRAFTER, SMALL, TARGET
-from edgespec.llama.backend import ContextParams, LlamaContext
+from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
 from edgespec.engine import Engine, EngineConfig
 from edgespec.errors import IncompatibleModels
 from edgespec.decode.request import GenerationRequest
 from edgespec.files.gguf import read_gguf
-from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.sampling import SamplingParams, recent_window, target_probs
 from edgespec.files.vocab import check_compatible
 from f32_model import build_f32_copy
 from near_ties import batched_vs_single_deviation, near_tie
@@ -201,50 +202,115 @@ def test_quantized_speculation_drafts_and_diverges_only_at_rare_near_ties(draft,
 # -- sampling: the distribution is unchanged -------------------------------------------------
 SAMPLING_PROMPT = ("Repeat exactly: the cat sat on the mat. the cat sat on the mat. "
                    "the cat sat on the mat. the cat sat on the")
-# Seeds per configuration: the joint law of three tokens, cells of >= 10 counts. The exact fake
-# (tests/test_acceptance.py) proves the test's power at thousands of samples; here it shows
-# llama.cpp's rows feed the same law, which a wrong row or a lost rejection breaks grossly.
-N_SEEDS = 200
+# Seeds per configuration, tested against the exact joint law of the first five tokens: a
+# one-sample test, whose statistic has half the variance of a two-sample one, so 120 seeds test
+# as sharply as 240 against 240 plain samples would. The exact fake (tests/test_acceptance.py)
+# proves the test's power at thousands of samples; here it shows llama.cpp's rows feed the same
+# law, which a wrong row or a lost rejection breaks grossly.
+N_SEEDS = 120
+N_TOKENS = 5
+# Sequences less likely than this under the exact law are not enumerated: cells need n * p >= 5
+# (p >= 0.042 at 120 seeds), and all the rest is pooled into one cell.
+ENUMERATE_MIN_P = 0.002
+SAMPLING = SamplingParams(temperature=0.8)
 
 
-def _first_tokens(engine: Engine, seeds) -> tuple[list[tuple[int, ...]], int]:
-    """Tokens 2-4 of a T=0.8 answer for each seed, and how many tokens were drafted in all."""
+def _answers(engine: Engine, seeds) -> tuple[list[tuple[int, ...]], int]:
+    """The first N_TOKENS tokens of a T=0.8 answer for each seed, and how many were drafted."""
     prompt = engine.text_tokens(SAMPLING_PROMPT)
-    runner = engine.decoder
     out, drafted = [], 0
     for s in seeds:
-        req = GenerationRequest(max_tokens=4, ignore_eos=True, sampling=SamplingParams(temperature=0.8, seed=s))
-        done = list(runner.stream(prompt, req))[-1]
-        out.append(done.token_ids[1:4])  # the first token comes from the prefill in both
+        req = GenerationRequest(max_tokens=N_TOKENS, ignore_eos=True, sampling=replace(SAMPLING, seed=s))
+        done = list(engine.decoder.stream(prompt, req))[-1]
+        out.append(tuple(done.token_ids))
         drafted += (done.stats.spec.drafted if done.stats.spec else 0)
     return out, drafted
 
 
-def _contingency_p(a: list, b: list) -> float:
-    counts_a, counts_b = Counter(a), Counter(b)
-    common = [k for k in set(counts_a) | set(counts_b) if counts_a[k] + counts_b[k] >= 10]
-    rows = [[counts_a[k] for k in common] + [sum(v for k, v in counts_a.items() if k not in common)],
-            [counts_b[k] for k in common] + [sum(v for k, v in counts_b.items() if k not in common)]]
-    rows = [r for r in zip(*rows) if sum(r) > 0]
-    return float(chi2_contingency(np.array(rows).T)[1])
+def _plain_law(model, prompt: list[int]) -> dict[tuple[int, ...], float]:
+    """The exact law of plain sampling's first N_TOKENS tokens, as plain decoding computes it:
+    the probability of every prefix (lengths 0..N_TOKENS) of probability >= ENUMERATE_MIN_P,
+    each next-token distribution from a one-token decode after the prefix (plain decoding's own
+    path) through ``target_probs``."""
+    ctx = LlamaContext(model, ContextParams(n_ctx=512))
+    law: dict[tuple[int, ...], float] = {(): 1.0}
+
+    def expand(prefix: list[int], logits) -> None:
+        probs = target_probs(logits, SAMPLING, recent_window(prompt + prefix, SAMPLING))
+        for tok in np.flatnonzero(probs * law[tuple(prefix)] >= ENUMERATE_MIN_P):
+            seq = prefix + [int(tok)]
+            law[tuple(seq)] = law[tuple(prefix)] * float(probs[tok])
+            if len(seq) < N_TOKENS:
+                pos = len(prompt) + len(prefix)
+                expand(seq, ctx.decode([int(tok)], [pos], [[0]], [True])[0])
+                ctx.seq_rm(0, pos, -1)
+
+    try:
+        last = ctx.decode(prompt, range(len(prompt)), [[0]] * len(prompt),
+                          [False] * (len(prompt) - 1) + [True])[0]
+        expand([], last)
+    finally:
+        ctx.close()
+    return law
+
+
+def _cells(law: dict[tuple[int, ...], float], n: int) -> dict[tuple[int, ...], float]:
+    """Cells of the answer tree, each expected >= 5 times in n draws: a prefix stands for the
+    answers under it that no deeper cell takes; its own remainder below 5 goes to the root's."""
+    cells: dict[tuple[int, ...], float] = {}
+    spill = 0.0
+
+    def visit(node: tuple[int, ...]) -> None:
+        nonlocal spill
+        kids = [k for k in law if len(k) == len(node) + 1 and k[:-1] == node and n * law[k] >= 5]
+        for k in kids:
+            visit(k)
+        rest = law[node] - sum(law[k] for k in kids)
+        if node and n * rest < 5:
+            spill += rest
+        else:
+            cells[node] = rest
+    visit(())
+    cells[()] += spill
+    return cells
+
+
+def _cell_of(answer: tuple[int, ...], cells) -> tuple[int, ...]:
+    """The deepest cell whose prefix the answer starts with."""
+    return max((c for c in cells if answer[:len(c)] == c), key=len)
+
+
+def _goodness_of_fit_p(samples: list[tuple[int, ...]], law: dict[tuple[int, ...], float]) -> tuple[float, int]:
+    """Chi-square of the samples against the exact law over the answer tree's cells; and how
+    many cells there were."""
+    cells = _cells(law, len(samples))
+    counts = Counter(_cell_of(tuple(s), cells) for s in samples)
+    observed = [counts[c] for c in cells]
+    expected = [len(samples) * p for p in cells.values()]
+    return float(chisquare(observed, expected)[1]), len(cells)
 
 
 @pytest.fixture(scope="module")
-def plain_samples(f32_path):
-    with Engine(EngineConfig(model=str(f32_path), n_ctx=512)) as engine:
-        return _first_tokens(engine, range(N_SEEDS))[0]
+def plain_law(f32_path):
+    model = LlamaModel(str(f32_path))
+    try:
+        prompt = model.tokenize(SAMPLING_PROMPT, add_special=True, parse_special=False)
+        return _plain_law(model, prompt)
+    finally:
+        model.close()
 
 
 @pytest.mark.parametrize("draft", ["suffix", "model"])
-def test_sampling_distribution_is_unchanged(draft, f32_path, plain_samples, model_path):
+def test_sampling_distribution_is_unchanged(draft, f32_path, plain_law, model_path):
+    """Speculative samples follow plain sampling's exact law (joint law of the first tokens)."""
     cfg = EngineConfig(model=str(f32_path), n_ctx=512, draft=draft, draft_model=str(model_path(SMALL)),
                        draft_max=6)
     with Engine(cfg) as engine:
-        spec, drafted = _first_tokens(engine, range(10_000, 10_000 + N_SEEDS))
+        spec, drafted = _answers(engine, range(10_000, 10_000 + N_SEEDS))
     assert drafted > N_SEEDS  # speculation was really exercised
-    assert len(set(plain_samples)) > 3  # the test has something to compare
-    p = _contingency_p(plain_samples, spec)
-    assert p > 1e-3, f"{draft}: speculative samples differ from plain sampling (p={p:.2e})"
+    p, cells = _goodness_of_fit_p(spec, plain_law)
+    assert cells >= 5  # the answer tree is split finely enough to compare
+    assert p > 1e-3, f"{draft}: speculative samples do not follow plain sampling's law (p={p:.2e})"
 
 
 # -- KV integrity ------------------------------------------------------------------------------
