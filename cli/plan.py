@@ -15,8 +15,8 @@ from edgespec.units import parse_bytes
 from dataclasses import replace
 
 def _drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFootprint, target_gguf,
-                 store: ModelStore) -> tuple[planner.ModelFootprint | None, bool, list[str]]:
-    """(drafter footprint or None, whether the suffix drafter runs, notes) for a --draft value."""
+                 store: ModelStore) -> tuple[planner.ModelFootprint | None, bool, list[str], object]:
+    """(drafter footprint or None, whether the suffix drafter runs, notes, its path) for a --draft value."""
     from edgespec.drafters import DEFAULT_DRAFT_MODELS, KINDS, drafter_model_path, kind_of
     from edgespec.files.modelfile import model_file
     from edgespec.files.vocab import check_compatible
@@ -33,11 +33,11 @@ def _drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFoo
     if path is None:
         if declared.model == "optional" and draft_model is None:
             notes.append("no default drafter model is pulled for this target: suffix drafter only")
-        return None, declared.suffix, notes
+        return None, declared.suffix, notes, None
     mf = model_file(path)
     check_compatible(target_gguf, mf.gguf)
     label = draft_model or (kind if kind not in KINDS else DEFAULT_DRAFT_MODELS.get(target_fp.tokenizer_fingerprint, path.stem))
-    return replace(mf.footprint, name=label), declared.suffix, notes
+    return replace(mf.footprint, name=label), declared.suffix, notes, path
 
 
 def _onnx_drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFootprint, target_gguf,
@@ -96,12 +96,20 @@ def plan(
     path = store.resolve(model)
     mf = model_file(path)
     target = replace(mf.footprint, name=model)
-    drafter, suffix, notes = _drafter_for(draft, draft_model, target, mf.gguf, store)
+    drafter, suffix, notes, drafter_path = _drafter_for(draft, draft_model, target, mf.gguf, store)
     onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
     kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, mlock=mlock, kv_type=kv_type,
               threads=threads, external_drafter=onnx_fp)
     m = planner.machine()
     p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
+    if draft == "auto" and drafter is not None and p.drafter_placement != "none":
+        from edgespec.memory.budget import auto_skips_drafter
+
+        why = auto_skips_drafter(p, str(path), str(drafter_path), store, draft_max)
+        if why:
+            notes.append(why)
+            drafter = None
+            p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
     p.warnings[:0] = notes
     others = _placements(target, drafter, ram, vram, ctx, m, kw)
     if as_json:

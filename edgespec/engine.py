@@ -161,7 +161,7 @@ class Engine:
 
         p = self.placement
         draft_cfg = DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=config.draft_tree,
-                                n_ctx=self.ctx.n_ctx, n_threads=config.n_threads,
+                                n_ctx=self.ctx.n_ctx, n_threads=config.n_threads, draft_max=config.draft_max,
                                 onnx_provider=config.onnx_provider, onnx_bits=config.onnx_bits)
         if p is not None:
             draft_cfg = replace(p.drafter_config(draft_cfg), kind=p.draft)

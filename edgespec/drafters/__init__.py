@@ -10,7 +10,7 @@ the store) and a plain step, from calibrated costs and running acceptance estima
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgespec.drafters.suffix import DEFAULT_HISTORY_TOKENS
@@ -75,6 +75,10 @@ class DraftConfig:
     allow_model: bool = True  # False under a RAM budget the drafter model does not fit
     model_params: ModelParams | None = None  # placement of the drafter model (planner's choice)
     calibration_tag: str = ""  # e.g. "-filebacked": costs differ from a resident load
+    draft_max: int = 32  # most drafted tokens per step (auto prices drafters at this length)
+    # auto may run the ONNX conversion of its drafter model when one is in the store; False under
+    # a memory budget (the planner counts an ONNX drafter only for --draft onnx).
+    allow_onnx: bool = True
     onnx_provider: str = "cpu"  # onnx drafter: execution provider (edgespec.onnx.providers.PROVIDERS)
     onnx_bits: str = "exact"  # onnx drafter: which conversion ("exact" | "4", edgespec.onnx.convert)
 
@@ -153,13 +157,15 @@ def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target
     from edgespec.drafters.suffix import SuffixDrafter
 
     kind = kind_of(cfg.kind)
+    suffix = SuffixDrafter(max_history_tokens=cfg.suffix_history_tokens) if kind.suffix else None
+    if kind.name == "auto":
+        return _build_auto(cfg, target, suffix, target_ctx, store, shared_model)
     model = None
     if kind.may_load_model and cfg.allow_model:
         model = shared_model
         if model is None:
             path = drafter_model_path(cfg.kind, cfg.draft_model, target.file.fingerprint, store)
             model = load_model_drafter(target, path, cfg) if path is not None else None
-    suffix = SuffixDrafter(max_history_tokens=cfg.suffix_history_tokens) if kind.suffix else None
     return _BUILDERS[kind.name](cfg, model, suffix, target_ctx, store)
 
 
@@ -175,14 +181,57 @@ def _build_hybrid(cfg, model, suffix, target_ctx, store):
     return HybridDrafter(suffix, model)
 
 
-def _build_auto(cfg, model, suffix, target_ctx, store):
+def _build_auto(cfg, target, suffix, target_ctx, store, shared_model=None):
     from edgespec.drafters.auto import AutoDrafter
-    from edgespec.drafters.auto.calibrate import cost_model
+    from edgespec.drafters.auto.calibrate import verify_costs
+    from edgespec.drafters.auto.select import choose
 
     if target_ctx is None:
         raise ValueError("the auto drafter needs the target context to calibrate on")
-    cost = cost_model(target_ctx, model.ctx if model is not None else None, store.home, cfg.calibration_tag)
-    return AutoDrafter(suffix, cost, model=model)
+    verify = verify_costs(target_ctx, store.home, cfg.calibration_tag)
+    model, draft_s = choose(auto_options(cfg, target, store, shared_model), verify, store.home, cfg.draft_max)
+    return AutoDrafter(suffix, replace(verify, draft_token_s=draft_s), model=model)
+
+
+def auto_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, shared_model=None) -> list:
+    """The drafters `auto` may run beside its suffix index (edgespec.drafters.auto.select):
+    the llama.cpp drafter model, and its ONNX conversion when one is in the store."""
+    from edgespec.drafters.auto.calibrate import calibration_key, measure_draft_token
+    from edgespec.drafters.auto.select import DrafterOption
+    from edgespec.drafters.model import ModelDrafter
+    from edgespec.llama.backend import default_threads
+
+    path = drafter_model_path("auto", cfg.draft_model, target.file.fingerprint, store)
+    if path is None:
+        return []
+    threads = cfg.n_threads or default_threads()
+    options = []
+    if cfg.allow_model:
+        key = calibration_key(path, cfg.model_params or ModelParams(), threads,
+                              ModelDrafter.context_params(cfg.n_ctx).flash_attn)
+        load = (lambda: shared_model) if shared_model is not None else (lambda: load_model_drafter(target, path, cfg))
+        options.append(DrafterOption("model", key, load, lambda d: measure_draft_token(d.ctx),
+                                     owned=shared_model is None))
+    onnx = _onnx_option(cfg, target, store, path, threads) if cfg.allow_onnx else None
+    return options + ([onnx] if onnx is not None else [])
+
+
+def _onnx_option(cfg: DraftConfig, target: LlamaModel, store: ModelStore, path: Path, threads: int):
+    """The ONNX conversion of the drafter at ``path``, if it is in the store and current."""
+    from edgespec.drafters.auto.calibrate import VERSION
+    from edgespec.drafters.auto.select import DrafterOption
+    from edgespec.drafters.onnx import make_onnx_drafter, measure_onnx_token
+    from edgespec.onnx.convert import META, is_current, onnx_dir_for
+    from edgespec.onnx.providers import used_provider
+
+    directory = onnx_dir_for(store, path, cfg.onnx_bits)
+    if not is_current(directory, model_file(path).gguf, cfg.onnx_bits):
+        return None
+    stamp = (directory / META).stat().st_mtime_ns
+    key = f"{directory.name}-{stamp}-{used_provider(cfg.onnx_provider)}-t{threads}-{VERSION}"
+    return DrafterOption("onnx", key, lambda: make_onnx_drafter(
+        target, store, str(path), provider=cfg.onnx_provider, bits=cfg.onnx_bits, tree=cfg.tree,
+        n_threads=cfg.n_threads, n_ctx=cfg.n_ctx), measure_onnx_token)
 
 
 def _build_onnx(cfg, model, suffix, target_ctx, store):
@@ -199,6 +248,5 @@ _BUILDERS = {
     "suffix": lambda cfg, model, suffix, target_ctx, store: suffix,
     "model": lambda cfg, model, suffix, target_ctx, store: model,
     "hybrid": _build_hybrid,
-    "auto": _build_auto,
     "onnx": _build_onnx,
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -162,6 +163,19 @@ class OnnxDrafter:
                 push_children(node, scores[node], row)
         return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
                          scores=np.exp(np.asarray(scores, np.float64)))
+
+
+def measure_onnx_token(drafter: OnnxDrafter, repeats: int = 3) -> float:
+    """Seconds per drafted token (one-token passes after a short context), the fastest of a few:
+    other load on a shared machine only ever adds time."""
+    drafter.sync([0] * 8)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        drafter.append(0)
+        times.append(time.perf_counter() - t0)
+    drafter.cached.clear()  # forgetting is rollback: the next propose decodes its own context
+    return min(times)
 
 
 def make_onnx_drafter(target_model, store, draft_model: str | None = None, provider: str = "cpu",

@@ -40,8 +40,10 @@ class Placement:
 
     def drafter_config(self, cfg: DraftConfig) -> DraftConfig:
         """``cfg`` with the drafter as this plan placed it: whether its model may load, where
-        (the drafter model's GPU layers), the suffix index's cap and the calibration tag."""
-        return replace(cfg, allow_model=self.model_drafter_allowed, model_params=self.draft_model_params,
+        (the drafter model's GPU layers), the suffix index's cap and the calibration tag. An ONNX
+        drafter is counted only for --draft onnx, so `auto` may not pick one under the plan."""
+        return replace(cfg, allow_model=self.model_drafter_allowed, allow_onnx=False,
+                       model_params=self.draft_model_params,
                        suffix_history_tokens=self.suffix_cap_tokens,
                        calibration_tag="-filebacked" if self.file_backed else "")
 
@@ -71,7 +73,7 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
     from edgespec.drafters import DEFAULT_DRAFT_MODELS, check_onnx_options
     from edgespec.memory.footprint import estimate_onnx_drafter
     from edgespec.onnx.convert import onnx_dir_for
-    from edgespec.onnx.providers import PROVIDERS, present
+    from edgespec.onnx.providers import used_provider
 
     check_onnx_options(provider, bits)
     name = draft_model or DEFAULT_DRAFT_MODELS.get(target_fingerprint)
@@ -80,9 +82,8 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
     if draft_model is None and not store.is_present(name):
         return None
     path = store.resolve(name)
-    used = provider if PROVIDERS[provider] in (present() or ()) else "cpu"
     fp = replace(model_file(path).footprint, name=name)
-    return estimate_onnx_drafter(fp, onnx_dir_for(store, path, bits), bits, used)
+    return estimate_onnx_drafter(fp, onnx_dir_for(store, path, bits), bits, used_provider(provider))
 
 
 def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,
@@ -104,6 +105,14 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
                              threads=threads, placement=mode, external_drafter=onnx_fp,
                              drafter_required=kind is not None and kind.model == "always")
     notes = []
+    if kind is not None and kind.name == "auto" and drafter_fp is not None and plan.drafter_placement != "none":
+        why = auto_skips_drafter(plan, target_path, str(dpath), store, draft_max)
+        if why:  # calibration says it cannot pay here: plan (and load) without it
+            notes.append(why)
+            dpath = drafter_fp = None
+            plan = planner.make_plan(target.footprint, None, ram_budget=ram_budget, vram_budget=vram_budget,
+                                     n_ctx=n_ctx, suffix=uses_suffix, draft_max=draft_max, draft_tree=draft_tree,
+                                     threads=threads, placement=mode)
     # The drafter model may be loaded only where the plan counted it.
     effective, allowed = draft, drafter_fp is not None and plan.drafter_placement != "none"
     if drafter_fp is not None and plan.drafter_placement == "none":
@@ -111,18 +120,46 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
         notes.append(f"the drafter model does not fit the {planner.fmt_bytes(plan.ram_budget)} RAM / "
                      f"{planner.fmt_bytes(plan.vram_budget)} VRAM budgets of the {plan.placement} "
                      "placement: using the suffix drafter instead")
-    model_params = ModelParams(n_gpu_layers=plan.n_gpu_layers, use_mmap=plan.use_mmap,
-                               use_mlock=plan.use_mlock, repack=plan.repack, no_host=plan.no_host)
+    model_params = target_model_params(plan)
     context_params = ContextParams(n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
                                    n_seq_max=max(plan.n_seq_max, n_seq_max), n_threads=plan.threads,
                                    kv_type=plan.kv_type, flash_attn=plan.flash_attn, op_offload=plan.op_offload)
-    draft_model_params = None
-    if plan.drafter_placement != "none" and drafter_fp is not None:
-        on_cpu = plan.drafter_n_gpu_layers == 0
-        draft_model_params = ModelParams(n_gpu_layers=plan.drafter_n_gpu_layers, use_mmap=plan.drafter_use_mmap,
-                                         no_host=on_cpu and plan.no_host)
+    draft_model_params = drafter_model_params(plan) if plan.drafter_placement != "none" and drafter_fp else None
     file_backed = plan.weights_mode == "file-backed"
     for note in notes:
         log.warning("%s", note)
     return Placement(plan, model_params, context_params, effective, allowed, draft_model_params,
                      plan.suffix_cap_tokens, file_backed, max(plan.ram_budget - RELEASE_MARGIN, 1), tuple(notes))
+
+
+def target_model_params(plan: planner.Plan) -> ModelParams:
+    return ModelParams(n_gpu_layers=plan.n_gpu_layers, use_mmap=plan.use_mmap, use_mlock=plan.use_mlock,
+                       repack=plan.repack, no_host=plan.no_host)
+
+
+def drafter_model_params(plan: planner.Plan) -> ModelParams:
+    on_cpu = plan.drafter_n_gpu_layers == 0
+    return ModelParams(n_gpu_layers=plan.drafter_n_gpu_layers, use_mmap=plan.drafter_use_mmap,
+                       no_host=on_cpu and plan.no_host)
+
+
+def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, store: ModelStore,
+                       draft_max: int) -> str | None:
+    """Why `auto` will not load the drafter model this plan places, from this placement's cached
+    calibration (edgespec.drafters.auto.select), or None when it may (or nothing is measured)."""
+    from edgespec.drafters.auto.calibrate import cached_draft_cost, cached_verify, calibration_key
+    from edgespec.drafters.auto.select import pays
+    from edgespec.drafters.model import ModelDrafter
+    from edgespec.llama.backend import default_threads
+
+    threads = plan.threads or default_threads()
+    tag = "-filebacked" if plan.weights_mode == "file-backed" else ""
+    verify = cached_verify(store.home, calibration_key(target_path, target_model_params(plan), threads,
+                                                       plan.flash_attn, tag))
+    cost = cached_draft_cost(store.home, calibration_key(drafter_path, drafter_model_params(plan), threads,
+                                                         ModelDrafter.context_params(plan.n_ctx).flash_attn))
+    if verify is None or cost is None or pays(verify, cost, draft_max):
+        return None
+    return (f"auto: the drafter model is not loaded: calibrated here, a drafted token costs "
+            f"{cost * 1e3:.0f} ms against {verify.verify(1) * 1e3:.0f} ms for a target step, so even "
+            "an always-right drafter would not beat plain steps (suffix drafts only)")

@@ -43,3 +43,9 @@ def present() -> list[str] | None:
     except ImportError:
         return None
     return list(ort.get_available_providers())
+
+
+def used_provider(name: str) -> str:
+    """The provider a session asked for ``name`` really runs on: ``name`` when this onnxruntime
+    has it, else "cpu" (edgespec.onnx.session falls back to the CPU with one warning)."""
+    return name if PROVIDERS[check_provider(name)] in (present() or ()) else "cpu"

@@ -1,8 +1,11 @@
 """Measures what a speculative step costs on this machine, once, and caches it.
 
-Target verify time as a function of tokens in one batch, and a model drafter's time per
-drafted token, measured on the real contexts and cached in the model store per
-(model file, device, threads) so later runs start instantly.
+Target verify time as a function of tokens in one batch, and a drafter's time per drafted
+token, measured on the real contexts and cached in the model store apart: the verify curve per
+(target file, placement, threads, attention kernel), the drafted-token cost per drafter
+configuration (a llama.cpp drafter's file and placement, or an ONNX conversion and its
+provider). Keys are computed from the load settings alone (``calibration_key``), so whether a
+drafter pays is known before it is loaded: `auto` then never loads one that cannot.
 """
 from __future__ import annotations
 
@@ -10,9 +13,10 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from edgespec.llama.backend import LlamaContext
+from edgespec.llama.backend import LlamaContext, ModelParams
 from edgespec.drafters.auto.policy import CostModel
 
 log = logging.getLogger(__name__)
@@ -25,16 +29,20 @@ REPEATS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
 CONTEXT_TOKENS = 512
-VERSION = "v2"  # bump when what is measured changes: older cached calibrations are ignored
+VERSION = "v3"  # bump when what is measured changes: older cached calibrations are ignored
 
 
-def _cache_key(ctx: LlamaContext, tag: str = "") -> str:
-    st = os.stat(ctx.model.path)
-    p = ctx.model.params
-    mode = f"ngl{p.n_gpu_layers}-{'mmap' if p.use_mmap else 'load'}-{'repack' if p.repack else 'norepack'}"
-    attn = {None: "fa-auto", True: "fa", False: "nofa"}[ctx.params.flash_attn]
-    return (f"{Path(ctx.model.path).name}-{st.st_size}-{st.st_mtime_ns}-t{ctx.n_threads}-{mode}"
-            f"-{attn}-{VERSION}{tag}")
+def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int, flash_attn: bool | None,
+                    tag: str = "") -> str:
+    """The cache key of a llama.cpp load: its file, placement, threads and attention kernel."""
+    st = os.stat(path)
+    mode = f"ngl{params.n_gpu_layers}-{'mmap' if params.use_mmap else 'load'}-{'repack' if params.repack else 'norepack'}"
+    attn = {None: "fa-auto", True: "fa", False: "nofa"}[flash_attn]
+    return f"{Path(path).name}-{st.st_size}-{st.st_mtime_ns}-t{n_threads}-{mode}-{attn}-{VERSION}{tag}"
+
+
+def context_key(ctx: LlamaContext, tag: str = "") -> str:
+    return calibration_key(ctx.model.path, ctx.model.params, ctx.n_threads, ctx.params.flash_attn, tag)
 
 
 def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, repeats: int = REPEATS,
@@ -84,24 +92,69 @@ def measure_draft_token(ctx: LlamaContext) -> float:
     return time_batch(ctx, 1, seq, token)
 
 
-def cost_model(target: LlamaContext, drafter: LlamaContext | None, home: Path, tag: str = "") -> CostModel:
-    """The calibrated cost model, from the cache when this configuration was measured before.
-
-    ``tag`` distinguishes placements the parameters do not show (file-backed weights).
-    """
-    key = _cache_key(target, tag) + (f"+{_cache_key(drafter)}" if drafter is not None else "")
-    path = home / "calibration" / f"{key}.json"
+def _read(path: Path) -> dict | None:
     try:
-        d = json.loads(path.read_text())
-        return CostModel(tuple(d["batch_sizes"]), tuple(d["verify_s"]), d["draft_token_s"])
-    except (OSError, ValueError, KeyError):
-        pass
-    log.info("calibrating speculation costs for %s (once)", Path(target.model.path).name)
-    sizes, times = measure_verify(target)
-    draft_s = measure_draft_token(drafter) if drafter is not None else 0.0
-    cm = CostModel(sizes, times, draft_s)
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"batch_sizes": sizes, "verify_s": times, "draft_token_s": draft_s}))
+    tmp.write_text(json.dumps(obj))
     os.replace(tmp, path)
-    return cm
+
+
+def verify_path(home: Path, key: str) -> Path:
+    return home / "calibration" / f"verify-{key}.json"
+
+
+def draft_path(home: Path, key: str) -> Path:
+    return home / "calibration" / f"draft-{key}.json"
+
+
+def cached_verify(home: Path, key: str) -> CostModel | None:
+    """The verify curve cached under ``key`` (no drafter cost), or None."""
+    d = _read(verify_path(home, key))
+    try:
+        return CostModel(tuple(d["batch_sizes"]), tuple(d["verify_s"])) if d else None
+    except (KeyError, TypeError):
+        return None
+
+
+def cached_draft_cost(home: Path, key: str) -> float | None:
+    """Seconds per drafted token cached under a drafter's ``key``, or None."""
+    d = _read(draft_path(home, key))
+    value = d.get("draft_token_s") if isinstance(d, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def verify_costs(target: LlamaContext, home: Path, tag: str = "") -> CostModel:
+    """The target's verify curve, measured once per configuration (``tag``: placements the
+    parameters do not show, e.g. file-backed weights)."""
+    key = context_key(target, tag)
+    cm = cached_verify(home, key)
+    if cm is not None:
+        return cm
+    log.info("calibrating verification costs for %s (once)", Path(target.model.path).name)
+    sizes, times = measure_verify(target)
+    _write(verify_path(home, key), {"batch_sizes": sizes, "verify_s": times})
+    return CostModel(sizes, times)
+
+
+def draft_cost(home: Path, key: str, measure) -> float:
+    """A drafter's seconds per drafted token: cached under ``key``, else ``measure()`` and cache."""
+    cost = cached_draft_cost(home, key)
+    if cost is None:
+        cost = float(measure())
+        _write(draft_path(home, key), {"draft_token_s": cost})
+    return cost
+
+
+def cost_model(target: LlamaContext, drafter: LlamaContext | None, home: Path, tag: str = "") -> CostModel:
+    """The calibrated cost model of ``target`` with a llama.cpp ``drafter`` (or none)."""
+    verify = verify_costs(target, home, tag)
+    if drafter is None:
+        return verify
+    return replace(verify, draft_token_s=draft_cost(home, context_key(drafter), lambda: measure_draft_token(drafter)))

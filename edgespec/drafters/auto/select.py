@@ -1,0 +1,74 @@
+"""Which drafter model `auto` runs beside the suffix index: the cheapest that can pay, or none.
+
+A drafter pays only if, even when it is always right, a chain of its tokens emits more per
+second than plain steps: k drafted tokens cost k drafter passes plus a (1 + k)-token
+verification. On the 2-core development VM the 0.5B llama.cpp drafter costs about half a 1.5B
+target pass per token, so it never passes that test; loading it anyway cost 0.6 GiB of peak RSS
+and about a second per `edgespec run`. The candidates (the llama.cpp drafter; the ONNX
+conversion when one is in the store) are priced from the calibration cache without loading
+them; only a candidate never measured on this configuration is loaded to measure it, and every
+loaded candidate but the winner is closed at once.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from edgespec.drafters.auto.calibrate import cached_draft_cost, draft_cost
+from edgespec.drafters.auto.policy import CostModel, best_chain_length
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DrafterOption:
+    """A drafter `auto` may run: its calibration key, how to load it, how to time a token."""
+
+    name: str  # "model" (llama.cpp) | "onnx"
+    key: str  # its drafted-token cost's calibration key
+    load: Callable[[], object]
+    measure: Callable[[object], float]  # seconds per drafted token of a loaded drafter
+    owned: bool = True  # False: loaded by someone else (the bench shares one), never closed here
+
+
+def pays(verify: CostModel, draft_token_s: float, budget: int) -> bool:
+    """Whether a drafter that is always right, at this cost per token, beats plain steps."""
+    perfect = [1.0] * budget
+    return best_chain_length(perfect, replace(verify, draft_token_s=draft_token_s), budget)[0] > 0
+
+
+def cheapest_paying(costs: dict[str, float], verify: CostModel, budget: int) -> str | None:
+    """The option with the lowest cost per drafted token among those that can pay, or None.
+
+    The options draft the same model (a conversion is exact to ~99% of greedy tokens), so they
+    accept alike and the cheaper one is the faster one.
+    """
+    paying = [name for name, cost in costs.items() if pays(verify, cost, budget)]
+    return min(paying, key=costs.__getitem__, default=None)
+
+
+def choose(options: list[DrafterOption], verify: CostModel, home, budget: int) -> tuple[object | None, float]:
+    """The drafter `auto` should run (loaded) and its cost per token, or (None, 0.0).
+
+    Loads only options whose cost is not cached yet (to measure them) and the winner.
+    """
+    costs = {o.name: cached_draft_cost(home, o.key) for o in options}
+    loaded = {}
+    for o in options:
+        if costs[o.name] is None:
+            drafter = loaded[o.name] = o.load()
+            costs[o.name] = draft_cost(home, o.key, lambda: o.measure(drafter))
+    best = cheapest_paying(costs, verify, budget)
+    for o in options:
+        if o.name in loaded and o.name != best and o.owned:
+            loaded[o.name].close()
+    for name, cost in costs.items():
+        log.info("auto: %s drafter %s (%.1f ms per drafted token; one-token verify %.1f ms)", name,
+                 "chosen" if name == best else "not loaded: even always right it would not beat plain steps"
+                 if not pays(verify, cost, budget) else "not loaded: another drafter is cheaper",
+                 cost * 1e3, verify.verify(1) * 1e3)
+    if best is None:
+        return None, 0.0
+    chosen = loaded.get(best) or next(o for o in options if o.name == best).load()
+    return chosen, costs[best]

@@ -1,0 +1,110 @@
+"""`auto` loads only a drafter that can pay: priced from the calibration cache, before loading."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import SMALL
+from edgespec.drafters.auto.policy import CostModel
+from edgespec.drafters.auto.select import DrafterOption, cheapest_paying, choose, pays
+from edgespec.decode.request import GenerationRequest
+from edgespec.engine import Engine, EngineConfig
+
+# A target whose verification grows slowly with the batch: 100 ms for one token, 104 for two.
+VERIFY = CostModel((1, 2, 4, 8, 16, 32, 64), (0.100, 0.104, 0.108, 0.116, 0.132, 0.164, 0.228))
+
+
+def test_a_drafter_pays_only_if_its_tokens_cost_less_than_what_they_save():
+    assert pays(VERIFY, 0.010, budget=8)  # 10 ms a token against 100 ms a step
+    assert not pays(VERIFY, 0.120, budget=8)  # a token costs more than a target step
+    # Plain steps give 10 tok/s, and a draft must promise 10% more. At 80 ms a token, an
+    # always-right chain of 8 emits 9 tokens in 756 ms (11.9 tok/s); a chain of 1, 2 in 184 ms (10.9).
+    assert pays(VERIFY, 0.080, budget=8) and not pays(VERIFY, 0.080, budget=1)
+
+
+def test_cheapest_paying_drafter_wins_and_none_when_none_pays():
+    assert cheapest_paying({"model": 0.030, "onnx": 0.020}, VERIFY, 8) == "onnx"
+    assert cheapest_paying({"model": 0.030, "onnx": 0.500}, VERIFY, 8) == "model"
+    assert cheapest_paying({"model": 0.200, "onnx": 0.500}, VERIFY, 8) is None
+    assert cheapest_paying({}, VERIFY, 8) is None
+
+
+class _Loads:
+    """Counts loads and closes of named drafters that cost ``cost`` seconds a token."""
+
+    def __init__(self):
+        self.loaded, self.closed = [], []
+
+    def option(self, name: str, cost: float) -> DrafterOption:
+        def load():
+            self.loaded.append(name)
+            return _Closable(name, self.closed)
+        return DrafterOption(name, f"key-{name}-{cost}", load, lambda d: cost)
+
+
+class _Closable:
+    def __init__(self, name, closed):
+        self.name, self._closed = name, closed
+
+    def close(self):
+        self._closed.append(self.name)
+
+
+def test_choose_measures_once_then_loads_only_the_winner(tmp_path):
+    first = _Loads()
+    drafter, cost = choose([first.option("model", 0.03), first.option("onnx", 0.02)], VERIFY, tmp_path, 8)
+    assert drafter.name == "onnx" and cost == 0.02
+    assert first.loaded == ["model", "onnx"] and first.closed == ["model"]  # measured both, kept one
+    again = _Loads()
+    drafter, _ = choose([again.option("model", 0.03), again.option("onnx", 0.02)], VERIFY, tmp_path, 8)
+    assert drafter.name == "onnx" and again.loaded == ["onnx"] and again.closed == []
+
+
+def test_choose_loads_nothing_once_it_knows_nothing_pays(tmp_path):
+    first = _Loads()
+    assert choose([first.option("model", 0.2)], VERIFY, tmp_path, 8) == (None, 0.0)
+    assert first.loaded == ["model"] and first.closed == ["model"]  # measured, then released
+    again = _Loads()
+    assert choose([again.option("model", 0.2)], VERIFY, tmp_path, 8) == (None, 0.0)
+    assert again.loaded == []  # the cache says it cannot pay: never loaded
+
+
+def test_a_shared_drafter_is_never_closed(tmp_path):
+    loads = _Loads()
+    shared = DrafterOption("model", "k", lambda: _Closable("model", loads.closed), lambda d: 0.2, owned=False)
+    assert choose([shared], VERIFY, tmp_path, 8) == (None, 0.0)
+    assert loads.closed == []
+
+
+# -- real llama.cpp: the engine and `plan` act on the cached verdict ------------------------------
+def _set_draft_costs(home, seconds: float) -> int:
+    files = list((home / "calibration").glob("draft-*.json"))
+    for f in files:
+        f.write_text(json.dumps({"draft_token_s": seconds}))
+    return len(files)
+
+
+@pytest.mark.parametrize("seconds, loaded", [(10.0, False), (0.0, True)])
+def test_engine_loads_the_drafter_only_when_its_calibration_pays(seconds, loaded, store, model_path):
+    small = str(model_path(SMALL))
+    cfg = EngineConfig(model=small, n_ctx=512, draft="auto", draft_model=small)
+    with Engine(cfg) as engine:  # measures (or finds) this configuration's costs
+        assert engine.drafter.cost.verify_s
+    assert _set_draft_costs(store.home, seconds) >= 1
+    with Engine(cfg) as engine:
+        assert (engine.drafter.model is not None) is loaded
+        done = engine.generate("Repeat: a b c a b c a b c", GenerationRequest(max_tokens=8, ignore_eos=True))
+        assert done.stats.generated_tokens == 8
+
+
+def test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so(store, model_path):
+    small = str(model_path(SMALL))
+    cfg = EngineConfig(model=small, n_ctx=512, draft="auto", draft_model=small, ram_budget=4 << 30)
+    with Engine(cfg) as engine:  # this plan's placement: its costs measured (or found)
+        assert engine.placement.plan.drafter_placement != "none"
+    assert _set_draft_costs(store.home, 10.0) >= 1
+    with Engine(cfg) as engine:
+        assert engine.drafter.model is None
+        assert engine.placement.plan.drafter_placement == "none"  # not counted either
+        assert any("auto: the drafter model is not loaded" in n for n in engine.placement.notes)
