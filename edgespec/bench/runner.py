@@ -116,7 +116,8 @@ class _Runners:
 
     def _draft_config(self, kind: str) -> DraftConfig:
         cfg = DraftConfig(kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
-                          n_threads=self.settings.threads, onnx_provider=self.settings.onnx_provider,
+                          n_threads=self.settings.threads, draft_max=self.settings.draft_max,
+                          onnx_provider=self.settings.onnx_provider,
                           onnx_bits=self.settings.onnx_bits)
         p = self.engine.placement
         return p.drafter_config(cfg) if p is not None else cfg
