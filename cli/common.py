@@ -45,8 +45,9 @@ RAM_BUDGET = typer.Option(None, "--ram-budget",
 VRAM_BUDGET = typer.Option(None, "--vram-budget",
                            help="GPU memory limit, like --ram-budget (default with --placement: free VRAM - margin).")
 PLACEMENT = typer.Option(None, "--placement",
-                         help="Where target and drafter run: gpu | offload | draft-gpu | cpu (default: the "
-                              "planner's choice when a budget is given; see `edgespec plan`).")
+                         help="Where target and drafter run: gpu | offload | draft-gpu | overlap | cpu "
+                              "(default: the planner's choice when a budget is given; see `edgespec plan`). "
+                              "overlap: draft-gpu with the drafter drafting ahead during verification.")
 
 
 def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,

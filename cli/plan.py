@@ -81,7 +81,7 @@ def plan(
     onnx_provider: str = c.ONNX_PROVIDER,
     onnx_bits: str = c.ONNX_BITS,
     placement: str = typer.Option(None, "--placement",
-                                  help="Force where target and drafter run: gpu | offload | draft-gpu | cpu "
+                                  help="Force where target and drafter run: gpu | offload | draft-gpu | overlap | cpu "
                                        "(default: the planner's choice)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:

@@ -60,9 +60,12 @@ class EngineConfig:
     # Greedy: verified positions whose top-2 logit gap is below this are re-decoded alone
     # (edgespec.spec.step.SpeculativeStep); 0 decides every position from the batch.
     recheck_gap: float = 0.0
+    # Greedy chains: the drafter drafts ahead while the target verifies (SpeculativeStep); on
+    # whenever the placement is `overlap`. Pays only with drafter and target on different processors.
+    overlap: bool = False
     n_seq_max: int | None = None  # default: enough sequences for draft_max-node trees
     # Budgets in bytes and a placement mode (edgespec.memory.placements: gpu | offload |
-    # draft-gpu | cpu). All None keeps the settings above; any of them set, the planner chooses
+    # draft-gpu | overlap | cpu). All None keeps the settings above; any of them set, the planner chooses
     # placement, GPU layers, KV type, batch sizes, drafter and file-backed weights within the
     # budgets (an unset budget: what the machine has free, minus a margin).
     ram_budget: int | None = None
@@ -157,6 +160,7 @@ class Engine:
 
     def _init_speculation(self, config: EngineConfig) -> None:
         from edgespec.drafters import DraftConfig, make_drafter
+        from edgespec.memory import placements
         from edgespec.spec.step import SpeculativeStep
 
         p = self.placement
@@ -166,7 +170,9 @@ class Engine:
         if p is not None:
             draft_cfg = replace(p.drafter_config(draft_cfg), kind=p.draft)
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
-        self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, config.draft_max, config.recheck_gap))
+        overlap = config.overlap or (p is not None and placements.MODES[p.plan.placement].overlap)
+        self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, config.draft_max, config.recheck_gap,
+                                                                     overlap=overlap))
 
     def _special_text(self, token: int) -> str:
         return self.model.token_text(token) if 0 <= token < self.model.n_vocab else ""

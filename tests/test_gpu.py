@@ -43,7 +43,7 @@ def _gpu_reason() -> str | None:
 REASON = _gpu_reason()
 skip_without_gpu = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 # The 1.5B clone split in the middle: about half its weights in VRAM beside the drafter.
-MODES = {"gpu": None, "offload": int(1.2 * GiB), "draft-gpu": None, "cpu": None}
+MODES = {"gpu": None, "offload": int(1.2 * GiB), "draft-gpu": None, "overlap": None, "cpu": None}
 
 
 def _answers(engine: Engine, decoder: Decoder) -> list[tuple[list[int], tuple[int, ...], dict]]:

@@ -68,12 +68,12 @@ def test_a_forced_mode_over_the_vram_budget_is_refused_in_one_line(pair):
 
 def test_gpu_modes_on_a_cpu_build_are_refused_and_cpu_is_not(pair):
     t, d = pair
-    for name in ("gpu", "offload", "draft-gpu"):
+    for name in ("gpu", "offload", "draft-gpu", "overlap"):
         with pytest.raises(placements.PlacementUnavailable, match="CPU-only"):
             planner.make_plan(t, d, 8 * GiB, None, 4096, machine_info=cpu_machine(), placement=name)
     p = planner.make_plan(t, d, 8 * GiB, None, 4096, machine_info=cpu_machine(), placement="cpu")
     assert p.placement == "cpu" and not p.no_host and not p.op_offload  # nothing to bypass on a CPU build
-    assert placements.unavailable(cpu_machine()).keys() == {"gpu", "offload", "draft-gpu"}
+    assert placements.unavailable(cpu_machine()).keys() == {"gpu", "offload", "draft-gpu", "overlap"}
     assert placements.unavailable(gpu_machine(GiB)) == {}
     with pytest.raises(InvalidRequest, match="unknown placement"):
         placements.mode("npu")
@@ -129,3 +129,14 @@ def test_engine_and_bench_build_the_drafter_where_the_plan_put_it(model_path, st
         placement = p
         ctx = type("Ctx", (), {"n_ctx": 1024})()
     assert _Runners(_PlannedEngine(), BenchSettings())._draft_config("model").model_params == p.draft_model_params
+
+
+def test_overlap_is_draft_gpu_with_drafting_ahead_and_only_when_asked(pair):
+    t, d = pair
+    m = gpu_machine(8 * GiB)
+    forced = planner.make_plan(t, d, 8 * GiB, 8 * GiB, 4096, machine_info=m, placement="overlap")
+    dovetail = planner.make_plan(t, d, 8 * GiB, 8 * GiB, 4096, machine_info=m, placement="draft-gpu")
+    assert forced.placement == "overlap" and placements.MODES["overlap"].overlap
+    assert (forced.n_gpu_layers, forced.drafter_placement, forced.no_host, forced.op_offload) == \
+        (dovetail.n_gpu_layers, dovetail.drafter_placement, dovetail.no_host, dovetail.op_offload)
+    assert planner.make_plan(t, d, 8 * GiB, 8 * GiB, 4096, machine_info=m).placement != "overlap"

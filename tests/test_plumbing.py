@@ -91,13 +91,15 @@ DRAFTERS = {
     "auto": lambda: AutoDrafter(SuffixDrafter(), CHEAP, model=model_drafter()),
     "auto-suffix-only": lambda: AutoDrafter(SuffixDrafter(), CHEAP),
     "auto-dear": lambda: AutoDrafter(SuffixDrafter(), DEAR, model=model_drafter()),
+    "model-overlap": lambda: model_drafter(),  # drafts ahead while the target verifies
 }
+OVERLAP = {"model-overlap"}
 
 
 def make_decoder(kind: str | None, draft_max: int = 8, n_ctx: int = N_CTX, n_batch: int = 64):
     """A decoder on a fresh fake target context: plain for ``kind=None``."""
     ctx = FakeContext(TARGET, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=1 + draft_max)
-    step = None if kind is None else SpeculativeStep(DRAFTERS[kind](), draft_max)
+    step = None if kind is None else SpeculativeStep(DRAFTERS[kind](), draft_max, overlap=kind in OVERLAP)
     return Decoder(TARGET, KVSequence(ctx), step)
 
 
@@ -489,3 +491,53 @@ def test_the_target_drafting_for_itself_is_always_accepted():
         done = decoder.generate(prompt, request(100, ignore_eos=True))
         assert list(done.token_ids) == TARGET.greedy(prompt, 100)
         assert done.stats.spec.drafted > 0 and done.stats.spec.accepted == done.stats.spec.drafted
+
+
+def _self_drafting(overlap: bool) -> Decoder:
+    drafter = ModelDrafter(TARGET, ctx=FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=MAX_TREE_NODES + 1))
+    ctx = FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=9)
+    return Decoder(TARGET, KVSequence(ctx), SpeculativeStep(drafter, 8, overlap=overlap))
+
+
+def test_overlap_drafts_ahead_and_uses_the_draft_only_when_the_guess_was_right():
+    """With the target drafting for itself every chain is accepted and every guessed bonus is
+    right: after the first step every draft was made during the previous verification (the
+    last step, with no budget left, drafts nothing: source `none`)."""
+    rng = np.random.default_rng(12)
+    for _ in range(3):
+        prompt = random_prompt(rng, 40)
+        done = _self_drafting(overlap=True).generate(prompt, request(100, ignore_eos=True))
+        s = done.stats.spec
+        assert list(done.token_ids) == TARGET.greedy(prompt, 100)
+        assert s.accepted == s.drafted and s.drafted_ahead == s.by_drafter["model"].steps - 1, s
+    # A drafter that is often wrong: drafts ahead are used only after fully accepted steps.
+    rng = np.random.default_rng(13)
+    spec, plain = make_decoder("model-overlap", 8), make_decoder(None)
+    ahead = steps = 0
+    for _ in range(6):
+        prompt = random_prompt(rng, 30)
+        done = spec.generate(prompt, request(80, ignore_eos=True))
+        assert done.token_ids == plain.generate(prompt, request(80, ignore_eos=True)).token_ids
+        ahead, steps = ahead + done.stats.spec.drafted_ahead, steps + done.stats.spec.steps
+    assert 0 < ahead < steps - 6
+
+
+def test_a_failure_while_drafting_ahead_leaves_the_cache_as_a_fresh_prefill():
+    decoder = _self_drafting(overlap=True)
+    drafter = decoder.step.drafter
+    real, calls = drafter.propose, []
+
+    def propose(context, budget):
+        calls.append(len(context))
+        if len(calls) == 3:  # the second step's draft ahead, beside its verification
+            raise BackendError("drafter lost its device")
+        return real(context, budget)
+
+    drafter.propose = propose
+    prompt = random_prompt(np.random.default_rng(14), 30)
+    with pytest.raises(BackendError):
+        decoder.generate(prompt, request(40, ignore_eos=True))
+    assert_cache_is_mirror(decoder.seq)
+    drafter.propose = real
+    done = decoder.generate(prompt, request(40, ignore_eos=True))
+    assert list(done.token_ids) == TARGET.greedy(prompt, 40)

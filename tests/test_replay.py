@@ -169,3 +169,14 @@ def test_replay_is_bench_ordered_and_summarizes_like_the_bench(trace):
     assert [(r.id, r.config) for r in records] == [(i, c) for i in ("p0", "p1") for c in (PLAIN, "suffix", "model")]
     summary = rp.overall(records)
     assert summary[PLAIN]["speedup"] == pytest.approx(1.0) and summary["suffix"]["mean_emitted"] >= 1.0
+
+
+def test_overlap_replays_the_same_answer_and_hides_drafting_behind_verification(trace):
+    p = trace.prompts[0]
+    costs = rp.MachineCosts("t", ((0, rp.curve({1: 2.0, 8: 9.0})),), drafter=rp.curve({1: 0.5, 4: 2.0}))
+    base, base_ledger = rp.run_replay(p, "model", costs, SETTINGS)
+    over, ledger = rp.run_replay(p, "model-overlap", costs, SETTINGS)
+    assert over.token_ids == base.token_ids
+    assert over.stats.spec.drafted_ahead > 0  # some drafts were made during the previous verification
+    # Each step's drafting beside the verification is booked only where it outlasts it.
+    assert 0 < ledger.hidden_s <= ledger.drafter_s and ledger.seconds < base_ledger.seconds

@@ -51,7 +51,10 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 OFF_PATH = -1  # token id standing for a drafted token off the plain path (never accepted)
-CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto")  # "model-tree" is not replayed
+# "model-overlap": the model drafter drafting ahead while the target verifies (SpeculativeStep's
+# overlap), the drafting booked only where it outlasts the verification. "model-tree" is not replayed.
+CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto", "model-overlap")
+OVERLAP = "-overlap"
 N_BATCH = 512  # prompt / sync chunks (ContextParams.n_batch)
 
 
@@ -201,6 +204,11 @@ class Ledger:
         self.target_decodes = 0  # steps, the EOG step of a plain answer included
         self.drafter_rows = 0
         self.drafter_decodes = 0
+        self.hidden_s = 0.0  # drafter seconds spent while the target verified (overlap)
+
+    @property
+    def seconds(self) -> float:
+        return self.target_s + self.drafter_s - self.hidden_s
 
     def target(self, n: int, depth: int) -> None:
         self.target_s += self.costs.verify(n, depth)
@@ -328,8 +336,13 @@ class TraceSequence:
         del self.tokens[n:]
 
     @contextlib.contextmanager
-    def verifying(self, pending: int, draft: DraftTree) -> Iterator[_Verification]:
+    def verifying(self, pending: int, draft: DraftTree, alongside=None) -> Iterator[_Verification]:
+        verify_s = self.ledger.target_s
         self.ledger.target(1 + len(draft), len(self.tokens))
+        if alongside is not None:  # it runs on the other processor while the target verifies
+            verify_s, drafter_s = self.ledger.target_s - verify_s, self.ledger.drafter_s
+            alongside()
+            self.ledger.hidden_s += min(self.ledger.drafter_s - drafter_s, verify_s)
         v = _Verification(self, pending, draft)
         yield v
         if not v.committed:
@@ -346,6 +359,7 @@ class TraceChainDrafter:
     """
 
     name = "model"
+    drafts_ahead = True
 
     def __init__(self, trace: PromptTrace, ledger: Ledger, n_ctx: int, cache: list[int] | None = None):
         if trace.drafter is None:
@@ -376,6 +390,13 @@ class TraceChainDrafter:
         for _ in range(appended):
             self.ledger.drafter(1)
         return DraftTree.chain(tokens, self.name)
+
+    def guess(self, context: Sequence[int]) -> int:
+        """Its greedy token after ``context``: recorded along the plain output (the only context
+        where a guess is ever used); OFF_PATH past it."""
+        self._sync(context)
+        q = len(context) - len(self.trace.prompt)
+        return self.trace.drafter.top(q) if q < len(self.trace.drafter.top_ids) else OFF_PATH
 
     def _sync(self, context: Sequence[int]) -> None:
         keep = min(common_prefix(self.cache, context), len(context) - 1)
@@ -420,7 +441,7 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
         return SuffixDrafter()
     has_model = trace.drafter is not None and (config != "auto" or costs.drafter is not None)
     model = TraceChainDrafter(trace, ledger, settings.n_ctx, cache) if has_model else None
-    if config == "model" and model is not None:
+    if config in ("model", "model" + OVERLAP) and model is not None:
         return model
     if config == "hybrid" and model is not None:
         return HybridDrafter(SuffixDrafter(), model)
@@ -440,7 +461,8 @@ def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: R
     ledger = Ledger(costs)
     seq = TraceSequence(trace, ledger, settings.n_ctx, settings.draft_max)
     step = None if config == PLAIN else SpeculativeStep(
-        make_drafter(config, trace, ledger, costs, settings, cache), settings.draft_max)
+        make_drafter(config, trace, ledger, costs, settings, cache), settings.draft_max,
+        overlap=config.endswith(OVERLAP))
     done = Decoder(TraceModel(trace), seq, step).generate(
         list(trace.prompt), GenerationRequest(max_tokens=settings.max_tokens, sampling=GREEDY))
     if list(done.token_ids) != list(trace.output[:len(done.token_ids)]):
@@ -455,7 +477,7 @@ def replay_prompt(trace: PromptTrace, config: str, costs: MachineCosts, settings
     n = len(done.token_ids)
     spec = done.stats.spec
     steps = spec.steps if spec is not None else max(n - 1, 0)
-    seconds = ledger.target_s + ledger.drafter_s + ledger.target_decodes * costs.step_s
+    seconds = ledger.seconds + ledger.target_decodes * costs.step_s
     return Record(id=trace.id, category=trace.category, config=config, new_tokens=n, gen_s=seconds,
                   prefill_s=0.0, steps=steps, drafted=spec.drafted if spec else 0,
                   accepted=spec.accepted if spec else 0, peak_rss_bytes=0, text="",

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from edgespec.spec.tree import DraftTree
 from edgespec.spec.verify import is_chain, path_layout
 
 SEQ_MAIN = 0
+T = TypeVar("T")
 Rows = Callable[[int], np.ndarray]  # row(r) -> [n_vocab] logits
 
 
@@ -88,15 +91,19 @@ class KVSequence:
 
     # -- speculative steps ----------------------------------------------------------------------
     @contextlib.contextmanager
-    def verifying(self, pending: int, draft: DraftTree) -> Iterator["Verification"]:
+    def verifying(self, pending: int, draft: DraftTree,
+                  alongside: Callable[[], None] | None = None) -> Iterator["Verification"]:
         """Decodes pending + ``draft`` in ONE batch; the block must ``commit`` a path.
 
-        Whatever happens in the block, the cache afterwards matches ``tokens``: committed, or
-        rolled back when the block raised (or returned without committing).
+        ``alongside`` runs in this thread while the batch decodes in another (llama.cpp releases
+        the GIL), e.g. a drafter on another processor drafting ahead. Whatever happens in the
+        block, the cache afterwards matches ``tokens``: committed, or rolled back when the block
+        raised (or returned without committing).
         """
         verification = Verification(self, pending, draft)
         try:
-            verification.rows = self._decode_tree(pending, draft)
+            decode = lambda: self._decode_tree(pending, draft)  # noqa: E731
+            verification.rows = decode() if alongside is None else run_beside(decode, alongside)
             yield verification
         finally:
             if not verification.committed:
@@ -127,6 +134,25 @@ class KVSequence:
             self.ctx.seq_cp(seq, SEQ_MAIN, base, keep_until)
         self.tokens.extend([pending] + [int(draft.tokens[i]) for i in path])
         self.rollback()  # frees the path sequences and anything past the accepted path
+
+
+_WORKER: list[ThreadPoolExecutor] = []
+
+
+def run_beside(work: Callable[[], T], alongside: Callable[[], None]) -> T:
+    """``work()`` in a worker thread while ``alongside()`` runs in this one; ``work``'s result.
+
+    Returns (or raises) only once both are done, so that no caller touches a context that is
+    still decoding; ``work``'s exception wins over ``alongside``'s.
+    """
+    if not _WORKER:
+        _WORKER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-verify"))
+    future = _WORKER[0].submit(work)
+    try:
+        alongside()
+    finally:
+        result = future.result()  # waits; raises work's exception
+    return result
 
 
 class Verification:

@@ -1,7 +1,10 @@
 """The drafter protocol: a request lifecycle and a memory report.
 
 A drafter proposes a DraftTree for the next step, is told what the target accepted, and keeps
-whatever state it needs (a suffix index, its own KV cache) in step with the output.
+whatever state it needs (a suffix index, its own KV cache) in step with the output. A drafter
+whose ``propose`` depends on nothing but the context it is given declares ``drafts_ahead =
+True`` and offers ``guess(context) -> token`` (its greedy choice): the step may then call both on
+a context the target has not verified yet (overlap).
 """
 from __future__ import annotations
 

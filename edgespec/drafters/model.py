@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams, recent_window, sample_from, target_probs
+from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, sample_from, target_probs
 from edgespec.decode.sequence import KVSequence
 from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
 from edgespec.spec.tree import DraftTree
@@ -76,6 +76,9 @@ class ModelDrafter:
     """Drafts with a small model; see the module docstring for the two shapes."""
 
     name = NAME
+    # propose() and guess() sync to whatever context they are given, so they may draft past an
+    # unverified draft (SpeculativeStep's overlap) and be rolled back by the next call.
+    drafts_ahead = True
     TREE_ROUND = 4  # frontier nodes decoded per batch while growing a tree
 
     def __init__(self, model: LlamaModel, n_ctx: int = 4096, n_threads: int | None = None,
@@ -128,6 +131,11 @@ class ModelDrafter:
         if self.tree and self.params.greedy:
             return self._tree(context, logits, min(budget, MAX_TREE_NODES))
         return self._chain(context, logits, budget)
+
+    def guess(self, context: Sequence[int]) -> int:
+        """Its greedy choice after ``context`` (overlap: its guess of the target's next token)."""
+        logits, _ = self.seq.sync(context)
+        return greedy_token(logits, self.params, recent_window(list(context), self.params))
 
     def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
         return draft_chain(context, logits, budget, self.params, self.rng, self.min_confidence,

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window
 from edgespec.decode.tokens import fast_common_prefix
 from edgespec.drafters.model import log_softmax, draft_chain
 from edgespec.onnx.session import MASKED, OnnxLM
@@ -50,6 +50,9 @@ class OnnxDrafter:
     """Drafts with a converted model on onnxruntime; see the module docstring."""
 
     name = NAME
+    # propose() and guess() sync to whatever context they are given, so they may draft past an
+    # unverified draft (SpeculativeStep's overlap) and be rolled back by the next call.
+    drafts_ahead = True
 
     def __init__(self, lm: OnnxLM, tree: bool = False, min_confidence: float = 0.4, branch: int = 3,
                  round_size: int = 4):
@@ -125,6 +128,10 @@ class OnnxDrafter:
         if self.tree and self.params.greedy:
             return self._tree(context, logits, min(budget, MAX_TREE_NODES))
         return self._chain(context, logits, budget)
+
+    def guess(self, context: Sequence[int]) -> int:
+        """Its greedy choice after ``context`` (overlap: its guess of the target's next token)."""
+        return greedy_token(self.sync(context), self.params, recent_window(list(context), self.params))
 
     def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
         return draft_chain(context, logits, budget, self.params, self.rng, self.min_confidence,

@@ -28,6 +28,8 @@ class PlacementMode:
     target: str    # "gpu": every layer; "split": as many layers as the VRAM budget holds; "cpu"
     drafter: str   # where a drafter model runs: "gpu" | "cpu"
     help: str
+    overlap: bool = False  # the drafter drafts ahead while the target verifies (SpeculativeStep)
+    automatic: bool = True  # the planner may pick it; False: only when --placement names it
 
     @property
     def needs_gpu(self) -> bool:
@@ -41,6 +43,9 @@ MODES = {m.name: m for m in (
                   "drafts of 32+ tokens are verified by streaming the CPU layers' weights to the GPU"),
     PlacementMode("draft-gpu", "cpu", "gpu",
                   "drafter on the GPU, target on the CPU with repacked weights (Dovetail)"),
+    PlacementMode("overlap", "cpu", "gpu",
+                  "draft-gpu, with the drafter drafting the next chain while the CPU verifies this one",
+                  overlap=True, automatic=False),
     PlacementMode("cpu", "cpu", "cpu", "target and drafter on the CPU"),
 )}
 NAMES = tuple(MODES)

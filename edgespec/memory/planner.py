@@ -112,7 +112,7 @@ class Plan:
     repack: bool
     use_mlock: bool
     drafter_placement: str         # "gpu" | "cpu" | "none"
-    placement: str                 # edgespec.memory.placements: gpu | offload | draft-gpu | cpu
+    placement: str                 # edgespec.memory.placements: gpu | offload | draft-gpu | overlap | cpu
     no_host: bool                  # target weights outside pinned host buffers (repacked for the CPU)
     op_offload: bool               # large batches run CPU-resident target layers on the GPU
     drafter_n_gpu_layers: int
@@ -389,7 +389,8 @@ class _Planner:
 def _layouts(pl: _Planner, forced: str | None) -> list[tuple[str, str]]:
     """(placement, drafter location) pairs to try: a drafter model runs where its placement puts
     it, or not at all; draft-gpu without a drafter model is the cpu placement."""
-    names = [forced] if forced else [n for n, p in placements.MODES.items() if pl.gpu or not p.needs_gpu]
+    names = [forced] if forced else [n for n, p in placements.MODES.items()
+                                     if p.automatic and (pl.gpu or not p.needs_gpu)]
     out = []
     for name in names:
         mode = placements.MODES[name]

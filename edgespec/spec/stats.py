@@ -21,6 +21,7 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     rechecks: int = 0  # greedy positions re-decoded alone because the batch left a near-tie
+    drafted_ahead: int = 0  # steps whose draft was drafted during the previous verification (overlap)
     by_drafter: dict[str, DrafterCounts] = field(default_factory=dict)
 
     def add(self, source: str, drafted: int, accepted: int) -> None:

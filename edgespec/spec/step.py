@@ -19,7 +19,7 @@ from edgespec.drafters.base import Drafter
 from edgespec.spec.acceptance import Acceptance, accept_greedy, accept_stochastic
 from edgespec.spec.stats import SpecStats
 from edgespec.spec.tree import DraftTree
-from edgespec.spec.verify import fit_draft
+from edgespec.spec.verify import fit_draft, is_chain
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,28 @@ class _PathRows:
         return target_probs(self._rows(r), self._params, self._recent(r))
 
 
+class _Ahead:
+    """While the target verifies ``draft``: the drafter's guess of the target's next token after
+    all of it, and a chain drafted after that guess."""
+
+    def __init__(self, drafter: Drafter, history: list[int], draft: DraftTree, budget: int):
+        self._drafter, self._budget, self._n = drafter, budget, len(draft)
+        self.context = history + [int(t) for t in draft.tokens]
+        self.guess: int | None = None
+        self.chain: DraftTree | None = None
+
+    def __call__(self) -> None:  # runs beside the verification (KVSequence.verifying)
+        self.guess = self._drafter.guess(self.context)
+        self.chain = self._drafter.propose(self.context + [self.guess], self._budget)
+
+    def next_draft(self, emitted: list[int]) -> tuple[list[int], DraftTree] | None:
+        """(next context, its draft) when the target accepted the whole draft and then emitted
+        the guessed token; None otherwise."""
+        if self.chain is None or len(emitted) != self._n + 1 or emitted[-1] != self.guess:
+            return None
+        return self.context + [self.guess], self.chain
+
+
 class SpeculativeStep:
     """Speculative decoding with ``drafter``, drafts of at most ``draft_max`` nodes.
 
@@ -58,28 +80,38 @@ class SpeculativeStep:
     from the same row computed alone by up to about a logit on these CPUs), so the step ends
     its accepted path before that row and decides the position the way plain decoding does:
     the row's token is decoded alone. 0 turns re-checks off.
+
+    ``overlap`` (greedy chains of a drafter that ``drafts_ahead``): while the target verifies a
+    chain, the drafter drafts on as if the target accepted all of it; its first token is its
+    guess of the target's bonus token. When the target does accept everything and its bonus is
+    that guess, the rest is the next step's draft, already made (PEARL's post-verify). Worth it
+    only where drafter and target run on different processors.
     """
 
-    def __init__(self, drafter: Drafter, draft_max: int = 32, recheck_gap: float = 0.0):
+    def __init__(self, drafter: Drafter, draft_max: int = 32, recheck_gap: float = 0.0,
+                 overlap: bool = False):
         self.drafter = drafter
         self.draft_max = draft_max
         self.recheck_gap = recheck_gap
+        self.overlap = overlap and getattr(drafter, "drafts_ahead", False)
         self._params = SamplingParams()
         self._rng = np.random.default_rng()
         self._stats = SpecStats(mode=drafter.name)
+        self._ready: tuple[list[int], DraftTree] | None = None  # (context, draft) drafted ahead
 
     def begin(self, prompt: Sequence[int], first: int, params: SamplingParams,
               rng: np.random.Generator) -> None:
         self._params, self._rng = params, rng
         self._stats = SpecStats(mode=self.drafter.name)
+        self._ready = None
         self.drafter.begin(list(prompt), sampling=params, rng=rng)
         self.drafter.observe([first])
 
     def step(self, seq: KVSequence, history: list[int], budget: int) -> tuple[list[int], int]:
         budget = min(self.draft_max, budget)
-        draft = self.drafter.propose(history, budget) if budget > 0 else DraftTree.empty()
-        draft = fit_draft(draft, seq.max_paths, max(budget, 0))
-        with seq.verifying(history[-1], draft) as verification:
+        draft = fit_draft(self._draft(history, budget), seq.max_paths, max(budget, 0))
+        ahead = _Ahead(self.drafter, history, draft, budget) if self._drafts_ahead(draft) else None
+        with seq.verifying(history[-1], draft, ahead) as verification:
             # history ends with pending: the context every row's distribution is conditioned on.
             rows = _PathRows(verification.rows, draft, history, self._params)
             if self._params.greedy:
@@ -92,8 +124,21 @@ class SpeculativeStep:
             acc = self._recheck(seq, history, draft, acc.path[:near_tie])
         self._stats.add(draft.source, len(draft), acc.n_accepted)
         emitted = acc.emitted_tokens(draft)
+        if ahead is not None:
+            self._ready = ahead.next_draft(emitted)
         self.drafter.observe(emitted)
         return emitted, acc.n_accepted
+
+    def _draft(self, history: list[int], budget: int) -> DraftTree:
+        """The draft drafted ahead for exactly this context, or a new one."""
+        ready, self._ready = self._ready, None
+        if ready is not None and ready[0] == history and budget > 0:
+            self._stats.drafted_ahead += 1
+            return ready[1].prefix(min(len(ready[1]), budget))
+        return self.drafter.propose(history, budget) if budget > 0 else DraftTree.empty()
+
+    def _drafts_ahead(self, draft: DraftTree) -> bool:
+        return self.overlap and self._params.greedy and is_chain(draft)
 
     def _near_tie(self, rows: _PathRows, path: tuple[int, ...]) -> int | None:
         """The first row along the accepted path (0 = after pending) that is a near-tie."""
