@@ -50,6 +50,12 @@ class _Closable:
     def close(self):
         self._closed.append(self.name)
 
+    def begin(self, prompt, sampling=None, rng=None):
+        pass
+
+    def end(self):
+        pass
+
 
 def test_choose_measures_once_then_loads_only_the_winner(tmp_path):
     first = _Loads()
@@ -108,3 +114,34 @@ def test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so(store, 
         assert engine.drafter.model is None
         assert engine.placement.plan.drafter_placement == "none"  # not counted either
         assert any("auto: the drafter model is not loaded" in n for n in engine.placement.notes)
+
+
+def test_learned_acceptance_decides_whether_a_drafter_pays():
+    assert pays(VERIFY, 0.010, 8, alphas=[0.9] * 8)
+    assert not pays(VERIFY, 0.010, 8, alphas=[0.05] * 8)  # cheap, but almost never right
+    assert cheapest_paying({"model": 0.010}, VERIFY, 8, alphas=[0.05] * 8) is None
+
+
+def test_what_auto_learned_is_kept_across_requests_scaled_down(tmp_path):
+    from edgespec.drafters.auto.drafter import AutoDrafter
+    from edgespec.drafters.auto.memory import CARRY_WEIGHT, PolicyMemory
+    from edgespec.drafters.suffix import SuffixDrafter
+
+    memory = PolicyMemory(tmp_path, "placement-key")
+    assert memory.drafter_alphas("d.gguf", 8) is None and memory.load() == {}
+    first = AutoDrafter(SuffixDrafter(), VERIFY, model=_Closable("d", []), memory=memory, model_name="d.gguf")
+    for _ in range(40):  # a drafter whose first token is always right and second never
+        first.model_acceptance.update(2, 1)
+    first.suffix_calibration[12].num[0], first.suffix_calibration[12].den[0] = 30.0, 40.0
+    first.suffix.begin([1, 2, 3])
+    first.end()
+    alphas = memory.drafter_alphas("d.gguf", 8)
+    assert alphas[0] > 0.95 and alphas[1] < 0.1
+    second = AutoDrafter(SuffixDrafter(), VERIFY, model=_Closable("d", []), memory=memory, model_name="d.gguf")
+    assert second.model_acceptance.alphas()[:2] == pytest.approx(alphas[:2])
+    carried = second.model_acceptance.rates[0]
+    assert carried.den == pytest.approx(CARRY_WEIGHT)  # evidence scaled: a new request can move it
+    cal = second.suffix_calibration[12]
+    assert (cal.num[0], cal.den[0]) == pytest.approx((30.0 * CARRY_WEIGHT / 40.0, CARRY_WEIGHT))
+    # Another placement learns apart.
+    assert PolicyMemory(tmp_path, "other-key").drafter_alphas("d.gguf", 8) is None

@@ -183,19 +183,24 @@ def _build_hybrid(cfg, model, suffix, target_ctx, store):
 
 def _build_auto(cfg, target, suffix, target_ctx, store, shared_model=None):
     from edgespec.drafters.auto import AutoDrafter
-    from edgespec.drafters.auto.calibrate import verify_costs
+    from edgespec.drafters.auto.calibrate import context_key, verify_costs
+    from edgespec.drafters.auto.memory import PolicyMemory
     from edgespec.drafters.auto.select import choose
 
     if target_ctx is None:
         raise ValueError("the auto drafter needs the target context to calibrate on")
     verify = verify_costs(target_ctx, store.home, cfg.calibration_tag)
-    model, draft_s = choose(auto_options(cfg, target, store, shared_model), verify, store.home, cfg.draft_max)
-    return AutoDrafter(suffix, replace(verify, draft_token_s=draft_s), model=model)
+    memory = PolicyMemory(store.home, context_key(target_ctx, cfg.calibration_tag))
+    options, name = auto_options(cfg, target, store, shared_model)
+    alphas = memory.drafter_alphas(name, cfg.draft_max) if name else None
+    model, draft_s = choose(options, verify, store.home, cfg.draft_max, alphas)
+    return AutoDrafter(suffix, replace(verify, draft_token_s=draft_s), model=model, memory=memory, model_name=name)
 
 
-def auto_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, shared_model=None) -> list:
+def auto_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, shared_model=None) -> tuple[list, str | None]:
     """The drafters `auto` may run beside its suffix index (edgespec.drafters.auto.select):
-    the llama.cpp drafter model, and its ONNX conversion when one is in the store."""
+    the llama.cpp drafter model, and its ONNX conversion when one is in the store; and the
+    drafter model's file name (both draft with it: one learned acceptance)."""
     from edgespec.drafters.auto.calibrate import calibration_key, measure_draft_token
     from edgespec.drafters.auto.select import DrafterOption
     from edgespec.drafters.model import ModelDrafter
@@ -203,7 +208,7 @@ def auto_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, shared
 
     path = drafter_model_path("auto", cfg.draft_model, target.file.fingerprint, store)
     if path is None:
-        return []
+        return [], None
     threads = cfg.n_threads or default_threads()
     options = []
     if cfg.allow_model:
@@ -213,7 +218,7 @@ def auto_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, shared
         options.append(DrafterOption("model", key, load, lambda d: measure_draft_token(d.ctx),
                                      owned=shared_model is None))
     onnx = _onnx_option(cfg, target, store, path, threads) if cfg.allow_onnx else None
-    return options + ([onnx] if onnx is not None else [])
+    return options + ([onnx] if onnx is not None else []), path.name
 
 
 def _onnx_option(cfg: DraftConfig, target: LlamaModel, store: ModelStore, path: Path, threads: int):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from edgespec.memory import planner
 from edgespec.llama.backend import ContextParams, ModelParams
@@ -148,18 +149,22 @@ def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, 
     """Why `auto` will not load the drafter model this plan places, from this placement's cached
     calibration (edgespec.drafters.auto.select), or None when it may (or nothing is measured)."""
     from edgespec.drafters.auto.calibrate import cached_draft_cost, cached_verify, calibration_key
+    from edgespec.drafters.auto.memory import PolicyMemory
     from edgespec.drafters.auto.select import pays
     from edgespec.drafters.model import ModelDrafter
     from edgespec.llama.backend import default_threads
 
     threads = plan.threads or default_threads()
     tag = "-filebacked" if plan.weights_mode == "file-backed" else ""
-    verify = cached_verify(store.home, calibration_key(target_path, target_model_params(plan), threads,
-                                                       plan.flash_attn, tag))
+    target_key = calibration_key(target_path, target_model_params(plan), threads, plan.flash_attn, tag)
+    verify = cached_verify(store.home, target_key)
     cost = cached_draft_cost(store.home, calibration_key(drafter_path, drafter_model_params(plan), threads,
                                                          ModelDrafter.context_params(plan.n_ctx).flash_attn))
-    if verify is None or cost is None or pays(verify, cost, draft_max):
+    alphas = PolicyMemory(store.home, target_key).drafter_alphas(Path(drafter_path).name, draft_max)
+    if verify is None or cost is None or pays(verify, cost, draft_max, alphas):
         return None
+    learned = (f"its learned acceptance ({alphas[0]:.0%} at depth 1) would not beat plain steps" if alphas
+               else "even an always-right drafter would not beat plain steps")
     return (f"auto: the drafter model is not loaded: calibrated here, a drafted token costs "
-            f"{cost * 1e3:.0f} ms against {verify.verify(1) * 1e3:.0f} ms for a target step, so even "
-            "an always-right drafter would not beat plain steps (suffix drafts only)")
+            f"{cost * 1e3:.0f} ms against {verify.verify(1) * 1e3:.0f} ms for a target step, and "
+            f"{learned} (suffix drafts only)")

@@ -29,15 +29,22 @@ def match_class(match_len: int) -> int:
 class AutoDrafter:
     name = NAME
 
-    def __init__(self, suffix, cost: CostModel, model=None, probe_every: int = 32):
+    def __init__(self, suffix, cost: CostModel, model=None, probe_every: int = 32, memory=None,
+                 model_name: str | None = None):
+        """``memory`` (edgespec.drafters.auto.memory.PolicyMemory): what earlier requests on this
+        placement learned, restored here and kept after each request; ``model_name`` names the
+        drafter model's acceptance in it."""
         self.suffix = suffix
         self.model = model
         self.cost = cost
         self.probe_every = probe_every
+        self.memory, self.model_name = memory, model_name
         # One calibration per match-length class: a continuation seen after a 1-token match is
         # a guess, after a 20-token match it is usually a copy, whatever the index's counts say.
         self.suffix_calibration = {c: TreeDepthCalibration(max_depth=64, prior=0.5) for c in MATCH_CLASSES}
         self.model_acceptance = DepthAcceptance(prior=0.6)
+        if memory is not None:
+            self._restore(memory.load())
         self._offered: DraftTree | None = None  # the suffix draft of the current step
         self._chosen: DraftTree | None = None
         self._steps_since_model = 0
@@ -54,6 +61,20 @@ class AutoDrafter:
         self.suffix.end()
         if self.model is not None:
             self.model.end()
+        if self.memory is not None:
+            suffix = {str(c): cal.state() for c, cal in self.suffix_calibration.items()}
+            model = self.model_acceptance.state() if self.model is not None else None
+            self.memory.save(suffix, self.model_name, model)
+
+    def _restore(self, state: dict) -> None:
+        from edgespec.drafters.auto.memory import CARRY_WEIGHT
+
+        for c, saved in state.get("suffix", {}).items():
+            if c.isdigit() and int(c) in self.suffix_calibration:
+                self.suffix_calibration[int(c)].restore(saved, CARRY_WEIGHT)
+        saved = state.get("drafters", {}).get(self.model_name)
+        if self.model is not None and saved:
+            self.model_acceptance.restore(saved, CARRY_WEIGHT)
 
     def close(self) -> None:
         if self.model is not None:

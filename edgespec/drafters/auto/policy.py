@@ -111,6 +111,15 @@ class DepthAcceptance:
     def alphas(self) -> list[float]:
         return [min(max(r.value, 0.0), 1.0) for r in self.rates]
 
+    def state(self) -> list[list[float]]:
+        return [[r.num, r.den] for r in self.rates]
+
+    def restore(self, state, weight: float) -> None:
+        """Takes a saved state, each depth's evidence scaled down to at most ``weight``."""
+        for r, (num, den) in zip(self.rates, state):
+            scale = min(1.0, weight / den) if den > 0 else 0.0
+            r.num, r.den = num * scale, den * scale
+
 
 def path_probabilities(parents: Sequence[int], node_probs: Sequence[float]) -> list[float]:
     """Probability of reaching each node: the product of node probabilities along its path."""
@@ -135,6 +144,16 @@ class TreeDepthCalibration:
         self.prior, self.weight, self.decay = prior, weight, decay
         self.num = [0.0] * max_depth
         self.den = [0.0] * max_depth
+
+    def state(self) -> list[list[float]]:
+        return [self.num, self.den]
+
+    def restore(self, state, weight: float) -> None:
+        """Takes a saved state, each depth's evidence scaled down to at most ``weight``."""
+        for d, (num, den) in enumerate(zip(*state)):
+            if d < len(self.num) and den > 0:
+                scale = min(1.0, weight / den)
+                self.num[d], self.den[d] = num * scale, den * scale
 
     def factors(self) -> list[float]:
         out, above = [], self.prior

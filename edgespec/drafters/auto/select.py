@@ -32,26 +32,31 @@ class DrafterOption:
     owned: bool = True  # False: loaded by someone else (the bench shares one), never closed here
 
 
-def pays(verify: CostModel, draft_token_s: float, budget: int) -> bool:
-    """Whether a drafter that is always right, at this cost per token, beats plain steps."""
-    perfect = [1.0] * budget
-    return best_chain_length(perfect, replace(verify, draft_token_s=draft_token_s), budget)[0] > 0
+def pays(verify: CostModel, draft_token_s: float, budget: int, alphas: list[float] | None = None) -> bool:
+    """Whether a drafter with acceptance ``alphas`` per depth (None: one that is always right),
+    at this cost per token, beats plain steps."""
+    alphas = alphas or [1.0] * budget
+    return best_chain_length(alphas, replace(verify, draft_token_s=draft_token_s), budget)[0] > 0
 
 
-def cheapest_paying(costs: dict[str, float], verify: CostModel, budget: int) -> str | None:
+def cheapest_paying(costs: dict[str, float], verify: CostModel, budget: int,
+                    alphas: list[float] | None = None) -> str | None:
     """The option with the lowest cost per drafted token among those that can pay, or None.
 
     The options draft the same model (a conversion is exact to ~99% of greedy tokens), so they
     accept alike and the cheaper one is the faster one.
     """
-    paying = [name for name, cost in costs.items() if pays(verify, cost, budget)]
+    paying = [name for name, cost in costs.items() if pays(verify, cost, budget, alphas)]
     return min(paying, key=costs.__getitem__, default=None)
 
 
-def choose(options: list[DrafterOption], verify: CostModel, home, budget: int) -> tuple[object | None, float]:
+def choose(options: list[DrafterOption], verify: CostModel, home, budget: int,
+           alphas: list[float] | None = None) -> tuple[object | None, float]:
     """The drafter `auto` should run (loaded) and its cost per token, or (None, 0.0).
 
-    Loads only options whose cost is not cached yet (to measure them) and the winner.
+    ``alphas``: the drafter model's acceptance per depth as learned on this placement
+    (edgespec.drafters.auto.memory); None: judged as if always right. Loads only options whose
+    cost is not cached yet (to measure them) and the winner.
     """
     costs = {o.name: cached_draft_cost(home, o.key) for o in options}
     loaded = {}
@@ -59,14 +64,15 @@ def choose(options: list[DrafterOption], verify: CostModel, home, budget: int) -
         if costs[o.name] is None:
             drafter = loaded[o.name] = o.load()
             costs[o.name] = draft_cost(home, o.key, lambda: o.measure(drafter))
-    best = cheapest_paying(costs, verify, budget)
+    best = cheapest_paying(costs, verify, budget, alphas)
     for o in options:
         if o.name in loaded and o.name != best and o.owned:
             loaded[o.name].close()
     for name, cost in costs.items():
-        log.info("auto: %s drafter %s (%.1f ms per drafted token; one-token verify %.1f ms)", name,
-                 "chosen" if name == best else "not loaded: even always right it would not beat plain steps"
-                 if not pays(verify, cost, budget) else "not loaded: another drafter is cheaper",
+        why = ("chosen" if name == best else "not loaded: another drafter is cheaper"
+               if pays(verify, cost, budget, alphas) else "not loaded: it would not beat plain steps "
+               + ("at its learned acceptance" if alphas else "even if always right"))
+        log.info("auto: %s drafter %s (%.1f ms per drafted token; one-token verify %.1f ms)", name, why,
                  cost * 1e3, verify.verify(1) * 1e3)
     if best is None:
         return None, 0.0

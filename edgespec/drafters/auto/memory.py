@@ -1,0 +1,58 @@
+"""What `auto` learned, kept across requests and runs, per placement (the target's calibration
+key: its file, GPU layers, threads, kernel): how often the suffix index's drafts are accepted
+per match-length class, and how often each drafter model's chains are, per depth.
+
+A request starts from it instead of from priors, so a short answer is drafted as well as the
+end of a long one; and `auto` leaves out a drafter model whose learned acceptance, at the
+calibrated costs, would never beat plain steps (edgespec.drafters.auto.select). Carried evidence
+is scaled down to ``CARRY_WEIGHT`` pseudo-observations per depth, so a request whose text
+differs (a copy-heavy edit after chat) overrides it within a few steps.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CARRY_WEIGHT = 6.0
+
+
+class PolicyMemory:
+    """One JSON file per placement: {"suffix": {class: [num, den]}, "drafters": {name: [[num, den]...]}}."""
+
+    def __init__(self, home: Path, placement_key: str):
+        self.path = Path(home) / "policy" / f"{placement_key}.json"
+
+    def load(self) -> dict:
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return state if isinstance(state, dict) else {}
+
+    def drafter_alphas(self, drafter: str, max_depth: int) -> list[float] | None:
+        """The learned acceptance per depth of ``drafter``'s chains, or None if never measured."""
+        from edgespec.drafters.auto.policy import DepthAcceptance
+
+        state = self.load().get("drafters", {}).get(drafter)
+        if not state:
+            return None
+        acceptance = DepthAcceptance(max_depth)
+        acceptance.restore(state, CARRY_WEIGHT)
+        return acceptance.alphas()
+
+    def save(self, suffix: dict, drafter: str | None, drafter_state: list | None) -> None:
+        state = self.load()
+        state["suffix"] = suffix
+        if drafter is not None and drafter_state is not None:
+            state.setdefault("drafters", {})[drafter] = drafter_state
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, self.path)
+        except OSError as exc:  # a read-only store: the next run starts from priors
+            log.warning("auto: could not keep what it learned (%s)", exc)
