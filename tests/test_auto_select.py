@@ -85,9 +85,13 @@ def test_a_shared_drafter_is_never_closed(tmp_path):
 
 # -- real llama.cpp: the engine and `plan` act on the cached verdict ------------------------------
 def _set_draft_costs(home, seconds: float) -> int:
+    """Doctors every cached cost: drafted tokens cost ``seconds``, any verification 10 ms."""
     files = list((home / "calibration").glob("draft-*.json"))
     for f in files:
         f.write_text(json.dumps({"draft_token_s": seconds}))
+    for f in (home / "calibration").glob("verify-*.json"):
+        sizes = json.loads(f.read_text())["batch_sizes"]
+        f.write_text(json.dumps({"batch_sizes": sizes, "verify_s": [0.010] * len(sizes)}))
     return len(files)
 
 
@@ -128,7 +132,8 @@ def test_what_auto_learned_is_kept_across_requests_scaled_down(tmp_path):
     from edgespec.drafters.suffix import SuffixDrafter
 
     memory = PolicyMemory(tmp_path, "placement-key")
-    assert memory.drafter_alphas("d.gguf", 8) is None and memory.load() == {}
+    assert memory.drafter_alphas("d.gguf", 8) == pytest.approx([0.6] * 8)  # the prior, before evidence
+    assert not memory.learned("d.gguf") and memory.load() == {}
     first = AutoDrafter(SuffixDrafter(), VERIFY, model=_Closable("d", []), memory=memory, model_name="d.gguf")
     for _ in range(40):  # a drafter whose first token is always right and second never
         first.model_acceptance.update(2, 1)
@@ -144,4 +149,4 @@ def test_what_auto_learned_is_kept_across_requests_scaled_down(tmp_path):
     cal = second.suffix_calibration[12]
     assert (cal.num[0], cal.den[0]) == pytest.approx((30.0 * CARRY_WEIGHT / 40.0, CARRY_WEIGHT))
     # Another placement learns apart.
-    assert PolicyMemory(tmp_path, "other-key").drafter_alphas("d.gguf", 8) is None
+    assert not PolicyMemory(tmp_path, "other-key").learned("d.gguf")

@@ -160,11 +160,12 @@ def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, 
     verify = cached_verify(store.home, target_key)
     cost = cached_draft_cost(store.home, calibration_key(drafter_path, drafter_model_params(plan), threads,
                                                          ModelDrafter.context_params(plan.n_ctx).flash_attn))
-    alphas = PolicyMemory(store.home, target_key).drafter_alphas(Path(drafter_path).name, draft_max)
+    memory, name = PolicyMemory(store.home, target_key), Path(drafter_path).name
+    alphas = memory.drafter_alphas(name, draft_max)
     if verify is None or cost is None or pays(verify, cost, draft_max, alphas):
         return None
-    learned = (f"its learned acceptance ({alphas[0]:.0%} at depth 1) would not beat plain steps" if alphas
-               else "even an always-right drafter would not beat plain steps")
+    learned = (f"at the acceptance {'learned here' if memory.learned(name) else 'auto assumes before any'}"
+               f" ({alphas[0]:.0%} at depth 1) its chains would not beat plain steps")
     return (f"auto: the drafter model is not loaded: calibrated here, a drafted token costs "
             f"{cost * 1e3:.0f} ms against {verify.verify(1) * 1e3:.0f} ms for a target step, and "
             f"{learned} (suffix drafts only)")

@@ -19,6 +19,7 @@ from edgespec.drafters.auto.policy import CostModel, DepthAcceptance, TreeDepthC
 
 NAME = "auto"
 MATCH_CLASSES = (1, 4, 12)  # lower bounds of the match-length classes
+MODEL_PRIOR = 0.6  # acceptance per depth assumed of a drafter model before any evidence
 
 
 def match_class(match_len: int) -> int:
@@ -42,7 +43,7 @@ class AutoDrafter:
         # One calibration per match-length class: a continuation seen after a 1-token match is
         # a guess, after a 20-token match it is usually a copy, whatever the index's counts say.
         self.suffix_calibration = {c: TreeDepthCalibration(max_depth=64, prior=0.5) for c in MATCH_CLASSES}
-        self.model_acceptance = DepthAcceptance(prior=0.6)
+        self.model_acceptance = DepthAcceptance(prior=MODEL_PRIOR)
         if memory is not None:
             self._restore(memory.load())
         self._offered: DraftTree | None = None  # the suffix draft of the current step

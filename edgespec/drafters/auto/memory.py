@@ -33,16 +33,20 @@ class PolicyMemory:
             return {}
         return state if isinstance(state, dict) else {}
 
-    def drafter_alphas(self, drafter: str, max_depth: int) -> list[float] | None:
-        """The learned acceptance per depth of ``drafter``'s chains, or None if never measured."""
+    def drafter_alphas(self, drafter: str, max_depth: int) -> list[float]:
+        """What `auto` believes of ``drafter``'s chains, per depth: what it learned here, else
+        its prior (the belief a new AutoDrafter decides with)."""
+        from edgespec.drafters.auto.drafter import MODEL_PRIOR
         from edgespec.drafters.auto.policy import DepthAcceptance
 
+        acceptance = DepthAcceptance(max_depth, prior=MODEL_PRIOR)
         state = self.load().get("drafters", {}).get(drafter)
-        if not state:
-            return None
-        acceptance = DepthAcceptance(max_depth)
-        acceptance.restore(state, CARRY_WEIGHT)
+        if state:
+            acceptance.restore(state, CARRY_WEIGHT)
         return acceptance.alphas()
+
+    def learned(self, drafter: str) -> bool:
+        return bool(self.load().get("drafters", {}).get(drafter))
 
     def save(self, suffix: dict, drafter: str | None, drafter_state: list | None) -> None:
         state = self.load()

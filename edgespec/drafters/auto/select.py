@@ -1,10 +1,11 @@
 """Which drafter model `auto` runs beside the suffix index: the cheapest that can pay, or none.
 
-A drafter pays only if, even when it is always right, a chain of its tokens emits more per
-second than plain steps: k drafted tokens cost k drafter passes plus a (1 + k)-token
-verification. On the 2-core development VM the 0.5B llama.cpp drafter costs about half a 1.5B
-target pass per token, so it never passes that test; loading it anyway cost 0.6 GiB of peak RSS
-and about a second per `edgespec run`. The candidates (the llama.cpp drafter; the ONNX
+A drafter pays only if, at the acceptance auto expects of it (learned on this placement,
+edgespec.drafters.auto.memory, else its prior), a chain of its tokens emits more per second than
+plain steps: k drafted tokens cost k drafter passes plus a (1 + k)-token verification. On the
+2-core development VM the 0.5B drafter costs about a third of a 1.5B target pass per token and
+a 9-token verification 2.7 passes, so it fails that test; loading it anyway cost 0.6-0.8 GiB of
+peak RSS per `edgespec run` (2.73 GiB against 1.96 GiB). The candidates (the llama.cpp drafter; the ONNX
 conversion when one is in the store) are priced from the calibration cache without loading
 them; only a candidate never measured on this configuration is loaded to measure it, and every
 loaded candidate but the winner is closed at once.
@@ -54,8 +55,8 @@ def choose(options: list[DrafterOption], verify: CostModel, home, budget: int,
            alphas: list[float] | None = None) -> tuple[object | None, float]:
     """The drafter `auto` should run (loaded) and its cost per token, or (None, 0.0).
 
-    ``alphas``: the drafter model's acceptance per depth as learned on this placement
-    (edgespec.drafters.auto.memory); None: judged as if always right. Loads only options whose
+    ``alphas``: the drafter model's acceptance per depth as auto believes it on this placement
+    (edgespec.drafters.auto.memory: learned, else its prior); None: judged as if always right. Loads only options whose
     cost is not cached yet (to measure them) and the winner.
     """
     costs = {o.name: cached_draft_cost(home, o.key) for o in options}
@@ -70,8 +71,8 @@ def choose(options: list[DrafterOption], verify: CostModel, home, budget: int,
             loaded[o.name].close()
     for name, cost in costs.items():
         why = ("chosen" if name == best else "not loaded: another drafter is cheaper"
-               if pays(verify, cost, budget, alphas) else "not loaded: it would not beat plain steps "
-               + ("at its learned acceptance" if alphas else "even if always right"))
+               if pays(verify, cost, budget, alphas) else "not loaded: at the acceptance auto expects "
+               "of it, its chains would not beat plain steps")
         log.info("auto: %s drafter %s (%.1f ms per drafted token; one-token verify %.1f ms)", name, why,
                  cost * 1e3, verify.verify(1) * 1e3)
     if best is None:
