@@ -150,3 +150,17 @@ def test_what_auto_learned_is_kept_across_requests_scaled_down(tmp_path):
     assert (cal.num[0], cal.den[0]) == pytest.approx((30.0 * CARRY_WEIGHT / 40.0, CARRY_WEIGHT))
     # Another placement learns apart.
     assert not PolicyMemory(tmp_path, "other-key").learned("d.gguf")
+
+
+def test_hybrid_takes_the_cheaper_runtime_of_its_drafter_model(tmp_path):
+    from edgespec.drafters.auto.select import cheapest
+
+    first = _Loads()
+    assert cheapest([first.option("model", 0.039), first.option("onnx", 0.034)], tmp_path).name == "onnx"
+    assert first.loaded == ["model", "onnx"] and first.closed == ["model"]
+    again = _Loads()
+    assert cheapest([again.option("model", 0.039), again.option("onnx", 0.034)], tmp_path).name == "onnx"
+    assert again.loaded == ["onnx"]  # priced from the cache: only the winner loads
+    only = _Loads()
+    assert cheapest([only.option("model", 9.9)], tmp_path).name == "model"  # one runtime: no measuring
+    assert cheapest([], tmp_path) is None

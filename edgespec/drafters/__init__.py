@@ -48,7 +48,8 @@ KINDS = {k.name: k for k in (
     DrafterKind("none", "never", False, "plain decoding through the speculative loop"),
     DrafterKind("suffix", "never", True, "model-free drafts from a suffix index"),
     DrafterKind("model", "always", False, "a small GGUF model of the same tokenizer"),
-    DrafterKind("hybrid", "always", True, "the suffix draft when its match is long, else the model"),
+    DrafterKind("hybrid", "always", True, "the suffix draft when its match is long, else the model "
+                "(llama.cpp's, or its ONNX conversion when in the store and cheaper)"),
     DrafterKind("auto", "optional", True, "per step, whichever the calibrated cost model expects to pay"),
     # Its model is an ONNX conversion run by onnxruntime, not a llama.cpp load: "never" here.
     DrafterKind("onnx", "never", False, "the drafter model converted to ONNX, run by onnxruntime",
@@ -165,8 +166,18 @@ def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target
         model = shared_model
         if model is None:
             path = drafter_model_path(cfg.kind, cfg.draft_model, target.file.fingerprint, store)
-            model = load_model_drafter(target, path, cfg) if path is not None else None
+            model = _hybrid_model(cfg, target, store) if kind.name == "hybrid" and path is not None else \
+                load_model_drafter(target, path, cfg) if path is not None else None
     return _BUILDERS[kind.name](cfg, model, suffix, target_ctx, store)
+
+
+def _hybrid_model(cfg: DraftConfig, target: LlamaModel, store: ModelStore):
+    """`hybrid`'s drafter model: llama.cpp's, or its ONNX conversion when one is in the store and
+    drafts cheaper on this machine (edgespec.drafters.auto.select.cheapest)."""
+    from edgespec.drafters.auto.select import cheapest
+
+    options, _ = auto_options(replace(cfg, kind="auto"), target, store)
+    return cheapest(options, store.home)
 
 
 def _build_none(cfg, model, suffix, target_ctx, store):

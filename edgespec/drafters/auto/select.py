@@ -79,3 +79,22 @@ def choose(options: list[DrafterOption], verify: CostModel, home, budget: int,
         return None, 0.0
     chosen = loaded.get(best) or next(o for o in options if o.name == best).load()
     return chosen, costs[best]
+
+
+def cheapest(options: list[DrafterOption], home) -> object | None:
+    """The cheapest of several runtimes of one drafter model (`hybrid`, which always drafts with
+    a model): priced from the calibration cache, measuring (loading) only what is not cached."""
+    if len(options) <= 1:
+        return options[0].load() if options else None
+    costs = {o.name: cached_draft_cost(home, o.key) for o in options}
+    loaded = {}
+    for o in options:
+        if costs[o.name] is None:
+            drafter = loaded[o.name] = o.load()
+            costs[o.name] = draft_cost(home, o.key, lambda: o.measure(drafter))
+    best = min(costs, key=costs.__getitem__)
+    for o in options:
+        if o.name in loaded and o.name != best and o.owned:
+            loaded[o.name].close()
+    log.info("hybrid: drafting with the %s runtime (%.1f ms per drafted token)", best, costs[best] * 1e3)
+    return loaded.get(best) or next(o for o in options if o.name == best).load()
