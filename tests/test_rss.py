@@ -16,6 +16,15 @@ MiB = 1 << 20
 PAGE = mmap.PAGESIZE
 
 
+def _fresh_anonymous(size: int) -> mmap.mmap:
+    """``size`` bytes of new anonymous pages, each written once. An mmap of its own: a malloc'd
+    buffer may reuse heap pages an earlier test freed (still resident), and then nothing grows."""
+    block = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for i in range(0, size, PAGE):
+        block[i] = 1
+    return block
+
+
 def _touch(buf) -> int:
     """Reads one byte per page so every page is resident; returns a checksum to keep it honest."""
     return sum(buf[i] for i in range(0, len(buf), PAGE))
@@ -30,12 +39,11 @@ def test_the_split_adds_up_and_the_peak_bounds_it():
 
 def test_anonymous_memory_counts_as_anon_and_a_mapped_file_as_file(tmp_path):
     before = resident()
-    block = bytearray(64 * MiB)  # zero-filled by the allocator's mmap: resident once written
-    block[::PAGE] = b"\1" * len(block[::PAGE])
+    block = _fresh_anonymous(64 * MiB)
     grown = resident()
     assert grown.anon - before.anon >= 60 * MiB
     assert abs(grown.file - before.file) < 8 * MiB
-    del block
+    block.close()
 
     path = tmp_path / "weights.bin"
     path.write_bytes(b"\2" * (48 * MiB))
@@ -50,10 +58,9 @@ def test_anonymous_memory_counts_as_anon_and_a_mapped_file_as_file(tmp_path):
 def test_peak_sampler_keeps_a_peak_that_is_gone_at_exit():
     with PeakRSS(interval_s=0.005) as peak:
         start = resident().anon
-        block = bytearray(64 * MiB)
-        block[::PAGE] = b"\1" * len(block[::PAGE])
+        block = _fresh_anonymous(64 * MiB)
         time.sleep(0.1)
-        del block
+        block.close()
     assert resident().anon < start + 32 * MiB  # freed: the current size no longer shows it
     assert peak.peak_anon >= start + 60 * MiB
     assert peak.process_peak >= peak.peak >= peak.peak_anon
