@@ -160,7 +160,6 @@ class Engine:
 
     def _init_speculation(self, config: EngineConfig) -> None:
         from edgespec.drafters import DraftConfig, make_drafter
-        from edgespec.memory import placements
         from edgespec.spec.step import SpeculativeStep
 
         p = self.placement
@@ -170,9 +169,17 @@ class Engine:
         if p is not None:
             draft_cfg = replace(p.drafter_config(draft_cfg), kind=p.draft)
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
-        overlap = config.overlap or (p is not None and placements.MODES[p.plan.placement].overlap)
         self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, config.draft_max, config.recheck_gap,
-                                                                     overlap=overlap))
+                                                                     overlap=self.overlap))
+
+    @property
+    def overlap(self) -> bool:
+        """Whether speculative steps draft ahead during verification: asked for, or the
+        placement is `overlap` (edgespec.memory.placements)."""
+        from edgespec.memory import placements
+
+        p = self.placement
+        return self.config.overlap or (p is not None and placements.MODES[p.plan.placement].overlap)
 
     def _special_text(self, token: int) -> str:
         return self.model.token_text(token) if 0 <= token < self.model.n_vocab else ""

@@ -132,7 +132,8 @@ class _Runners:
         drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
                                target_ctx=self.engine.ctx, shared_model=shared)
         return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.settings.draft_max,
-                                                                            self.settings.recheck_gap))
+                                                                            self.settings.recheck_gap,
+                                                                            overlap=self.engine.overlap))
 
     def close(self) -> None:
         if self._model_drafter is not None:
