@@ -13,6 +13,7 @@ its own sequence id 1..k, into which the context is shared first.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -102,7 +103,7 @@ class KVSequence:
         """
         verification = Verification(self, pending, draft)
         try:
-            decode = lambda: self._decode_tree(pending, draft)  # noqa: E731
+            decode = functools.partial(self._decode_tree, pending, draft)
             verification.rows = decode() if alongside is None else run_beside(decode, alongside)
             yield verification
         finally:
@@ -136,7 +137,10 @@ class KVSequence:
         self.rollback()  # frees the path sequences and anything past the accepted path
 
 
-_WORKER: list[ThreadPoolExecutor] = []
+@functools.cache
+def _worker() -> ThreadPoolExecutor:
+    """The one thread that runs verifications beside drafting, started on first use."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-verify")
 
 
 def run_beside(work: Callable[[], T], alongside: Callable[[], None]) -> T:
@@ -145,9 +149,7 @@ def run_beside(work: Callable[[], T], alongside: Callable[[], None]) -> T:
     Returns (or raises) only once both are done, so that no caller touches a context that is
     still decoding; ``work``'s exception wins over ``alongside``'s.
     """
-    if not _WORKER:
-        _WORKER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-verify"))
-    future = _WORKER[0].submit(work)
+    future = _worker().submit(work)
     try:
         alongside()
     finally:

@@ -164,20 +164,20 @@ def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target
     model = None
     if kind.may_load_model and cfg.allow_model:
         model = shared_model
-        if model is None:
-            path = drafter_model_path(cfg.kind, cfg.draft_model, target.file.fingerprint, store)
-            model = _hybrid_model(cfg, target, store) if kind.name == "hybrid" and path is not None else \
-                load_model_drafter(target, path, cfg) if path is not None else None
+        path = drafter_model_path(cfg.kind, cfg.draft_model, target.file.fingerprint, store) if model is None else None
+        if path is not None and kind.name == "hybrid":
+            model = _hybrid_model(cfg, target, store, path)
+        elif path is not None:
+            model = load_model_drafter(target, path, cfg)
     return _BUILDERS[kind.name](cfg, model, suffix, target_ctx, store)
 
 
-def _hybrid_model(cfg: DraftConfig, target: LlamaModel, store: ModelStore):
+def _hybrid_model(cfg: DraftConfig, target: LlamaModel, store: ModelStore, path: Path):
     """`hybrid`'s drafter model: llama.cpp's, or its ONNX conversion when one is in the store and
     drafts cheaper on this machine (edgespec.drafters.auto.select.cheapest)."""
     from edgespec.drafters.auto.select import cheapest
 
-    options, _ = auto_options(replace(cfg, kind="auto"), target, store)
-    return cheapest(options, store.home)
+    return cheapest(drafter_options(cfg, target, store, path), store.home)
 
 
 def _build_none(cfg, model, suffix, target_ctx, store):
@@ -202,24 +202,24 @@ def _build_auto(cfg, target, suffix, target_ctx, store, shared_model=None):
         raise ValueError("the auto drafter needs the target context to calibrate on")
     verify = verify_costs(target_ctx, store.home, cfg.calibration_tag)
     memory = PolicyMemory(store.home, context_key(target_ctx, cfg.calibration_tag))
-    options, name = auto_options(cfg, target, store, shared_model)
+    path = drafter_model_path(cfg.kind, cfg.draft_model, target.file.fingerprint, store)
+    # One drafter model, whatever runtime drafts with it: one learned acceptance, under its file name.
+    name = path.name if path is not None else None
+    options = drafter_options(cfg, target, store, path, shared_model) if path is not None else []
     alphas = memory.drafter_alphas(name, cfg.draft_max) if name else None
     model, draft_s = choose(options, verify, store.home, cfg.draft_max, alphas)
     return AutoDrafter(suffix, replace(verify, draft_token_s=draft_s), model=model, memory=memory, model_name=name)
 
 
-def auto_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, shared_model=None) -> tuple[list, str | None]:
-    """The drafters `auto` may run beside its suffix index (edgespec.drafters.auto.select):
-    the llama.cpp drafter model, and its ONNX conversion when one is in the store; and the
-    drafter model's file name (both draft with it: one learned acceptance)."""
+def drafter_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, path: Path,
+                    shared_model=None) -> list:
+    """The runtimes that may draft with the drafter model at ``path`` (edgespec.drafters.auto.select):
+    llama.cpp's, and its ONNX conversion when one is in the store."""
     from edgespec.drafters.auto.calibrate import calibration_key, measure_draft_token
     from edgespec.drafters.auto.select import DrafterOption
     from edgespec.drafters.model import ModelDrafter
     from edgespec.llama.backend import default_threads
 
-    path = drafter_model_path("auto", cfg.draft_model, target.file.fingerprint, store)
-    if path is None:
-        return [], None
     threads = cfg.n_threads or default_threads()
     options = []
     if cfg.allow_model:
@@ -229,7 +229,7 @@ def auto_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, shared
         options.append(DrafterOption("model", key, load, lambda d: measure_draft_token(d.ctx),
                                      owned=shared_model is None))
     onnx = _onnx_option(cfg, target, store, path, threads) if cfg.allow_onnx else None
-    return options + ([onnx] if onnx is not None else []), path.name
+    return options + ([onnx] if onnx is not None else [])
 
 
 def _onnx_option(cfg: DraftConfig, target: LlamaModel, store: ModelStore, path: Path, threads: int):

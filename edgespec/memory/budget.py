@@ -101,19 +101,21 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
     uses_suffix = kind is not None and kind.suffix
     onnx_fp = (onnx_drafter_footprint(draft_model, target.fingerprint, store, onnx_provider, onnx_bits)
                if kind is not None and kind.onnx_model else None)
-    plan = planner.make_plan(target.footprint, drafter_fp, ram_budget=ram_budget, vram_budget=vram_budget,
-                             n_ctx=n_ctx, suffix=uses_suffix, draft_max=draft_max, draft_tree=draft_tree,
-                             threads=threads, placement=mode, external_drafter=onnx_fp,
-                             drafter_required=kind is not None and kind.model == "always")
+
+    def plan_with(drafter):
+        return planner.make_plan(target.footprint, drafter, ram_budget=ram_budget, vram_budget=vram_budget,
+                                 n_ctx=n_ctx, suffix=uses_suffix, draft_max=draft_max, draft_tree=draft_tree,
+                                 threads=threads, placement=mode, external_drafter=onnx_fp,
+                                 drafter_required=kind is not None and kind.model == "always")
+
+    plan = plan_with(drafter_fp)
     notes = []
     if kind is not None and kind.name == "auto" and drafter_fp is not None and plan.drafter_placement != "none":
         why = auto_skips_drafter(plan, target_path, str(dpath), store, draft_max)
         if why:  # calibration says it cannot pay here: plan (and load) without it
             notes.append(why)
             dpath = drafter_fp = None
-            plan = planner.make_plan(target.footprint, None, ram_budget=ram_budget, vram_budget=vram_budget,
-                                     n_ctx=n_ctx, suffix=uses_suffix, draft_max=draft_max, draft_tree=draft_tree,
-                                     threads=threads, placement=mode)
+            plan = plan_with(None)
     # The drafter model may be loaded only where the plan counted it.
     effective, allowed = draft, drafter_fp is not None and plan.drafter_placement != "none"
     if drafter_fp is not None and plan.drafter_placement == "none":

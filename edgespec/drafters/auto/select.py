@@ -12,6 +12,7 @@ loaded candidate but the winner is closed at once.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -59,26 +60,16 @@ def choose(options: list[DrafterOption], verify: CostModel, home, budget: int,
     (edgespec.drafters.auto.memory: learned, else its prior); None: judged as if always right. Loads only options whose
     cost is not cached yet (to measure them) and the winner.
     """
-    costs = {o.name: cached_draft_cost(home, o.key) for o in options}
-    loaded = {}
-    for o in options:
-        if costs[o.name] is None:
-            drafter = loaded[o.name] = o.load()
-            costs[o.name] = draft_cost(home, o.key, lambda: o.measure(drafter))
+    costs, loaded = _price(options, home)
     best = cheapest_paying(costs, verify, budget, alphas)
-    for o in options:
-        if o.name in loaded and o.name != best and o.owned:
-            loaded[o.name].close()
+    chosen = _keep(options, loaded, best)
     for name, cost in costs.items():
         why = ("chosen" if name == best else "not loaded: another drafter is cheaper"
                if pays(verify, cost, budget, alphas) else "not loaded: at the acceptance auto expects "
                "of it, its chains would not beat plain steps")
         log.info("auto: %s drafter %s (%.1f ms per drafted token; one-token verify %.1f ms)", name, why,
                  cost * 1e3, verify.verify(1) * 1e3)
-    if best is None:
-        return None, 0.0
-    chosen = loaded.get(best) or next(o for o in options if o.name == best).load()
-    return chosen, costs[best]
+    return (chosen, costs[best]) if best is not None else (None, 0.0)
 
 
 def cheapest(options: list[DrafterOption], home) -> object | None:
@@ -86,15 +77,29 @@ def cheapest(options: list[DrafterOption], home) -> object | None:
     a model): priced from the calibration cache, measuring (loading) only what is not cached."""
     if len(options) <= 1:
         return options[0].load() if options else None
+    costs, loaded = _price(options, home)
+    best = min(costs, key=costs.__getitem__)
+    log.info("hybrid: drafting with the %s runtime (%.1f ms per drafted token)", best, costs[best] * 1e3)
+    return _keep(options, loaded, best)
+
+
+def _price(options: list[DrafterOption], home) -> tuple[dict[str, float], dict[str, object]]:
+    """Each option's seconds per drafted token, from the calibration cache; an option never
+    measured on this configuration is loaded and measured (returned loaded, by name)."""
     costs = {o.name: cached_draft_cost(home, o.key) for o in options}
     loaded = {}
     for o in options:
         if costs[o.name] is None:
             drafter = loaded[o.name] = o.load()
-            costs[o.name] = draft_cost(home, o.key, lambda: o.measure(drafter))
-    best = min(costs, key=costs.__getitem__)
+            costs[o.name] = draft_cost(home, o.key, functools.partial(o.measure, drafter))
+    return costs, loaded
+
+
+def _keep(options: list[DrafterOption], loaded: dict[str, object], best: str | None) -> object | None:
+    """Closes every loaded option but ``best`` (those it owns) and returns ``best`` loaded."""
     for o in options:
         if o.name in loaded and o.name != best and o.owned:
             loaded[o.name].close()
-    log.info("hybrid: drafting with the %s runtime (%.1f ms per drafted token)", best, costs[best] * 1e3)
+    if best is None:
+        return None
     return loaded.get(best) or next(o for o in options if o.name == best).load()
