@@ -16,7 +16,7 @@ def test_measures_every_size_and_leaves_the_context_clean(small_model, tmp_path)
     try:
         ctx.decode([1, 2, 3], range(3), [[0]] * 3, [False, False, True])  # a live sequence 0
         cm = calibrate.cost_model(ctx, None, tmp_path)
-        assert cm.batch_sizes == tuple(n for n in calibrate.BATCH_SIZES if n <= 64)
+        assert cm.batch_sizes == calibrate.BATCH_SIZES  # every size up to n_batch = 64
         assert all(t > 0 for t in cm.verify_s) and cm.draft_token_s == 0.0
         # Batches are timed after CONTEXT_TOKENS of a scratch sequence, which is emptied after.
         assert ctx.seq_pos_max(ctx.n_seq_max - 1) == -1
@@ -32,27 +32,50 @@ def test_cache_is_reused_and_keyed_by_attention_kernel(small_model, tmp_path, mo
     measured = []
     real = calibrate.measure_verify
 
-    def few_sizes(ctx):
+    def counted(ctx, sizes):
         measured.append(ctx.params.flash_attn)
-        return real(ctx, sizes=(1, 4))
+        return real(ctx, sizes)
 
-    monkeypatch.setattr(calibrate, "measure_verify", few_sizes)
+    monkeypatch.setattr(calibrate, "measure_verify", counted)
     # A small context: less scratch context to fill before timing (the key ignores n_ctx).
     off, on = _ctx(small_model, False, 256), _ctx(small_model, True, 256)
     try:
-        first = calibrate.cost_model(off, None, tmp_path)
-        assert first.batch_sizes == (1, 4) and measured == [False]
+        first = calibrate.cost_model(off, None, tmp_path, largest=2)
+        assert first.batch_sizes == (1, 2) and measured == [False]
         files = list((tmp_path / "calibration").glob("*.json"))
         assert len(files) == 1 and "nofa" in files[0].name and calibrate.VERSION in files[0].name
         # A doctored cache entry is what comes back: the second call measures nothing.
         data = json.loads(files[0].read_text())
         data["verify_s"] = [1.0] * len(data["verify_s"])
         files[0].write_text(json.dumps(data))
-        assert calibrate.cost_model(off, None, tmp_path).verify_s == (1.0,) * len(first.verify_s)
+        assert calibrate.cost_model(off, None, tmp_path, largest=2).verify_s == (1.0,) * len(first.verify_s)
         assert measured == [False]
-        calibrate.cost_model(on, None, tmp_path)  # another kernel: measured and cached apart
+        calibrate.cost_model(on, None, tmp_path, largest=2)  # another kernel: measured and cached apart
         assert measured == [False, True]
         assert len(list((tmp_path / "calibration").glob("*.json"))) == 2
     finally:
         off.close()
         on.close()
+
+
+def test_sizes_are_measured_up_to_the_largest_batch_and_merged_later(small_model, tmp_path, monkeypatch):
+    """A configuration drafting at most 8 tokens times batches of up to 9; a later one drafting
+    up to 16 measures only what the cache lacks, and the merged curve is cached."""
+    asked = []
+    monkeypatch.setattr(calibrate, "measure_verify",
+                        lambda ctx, sizes: (asked.append(sizes), (sizes, tuple(0.01 * n for n in sizes)))[1])
+    ctx = _ctx(small_model, False, 256)
+    try:
+        small = calibrate.verify_costs(ctx, tmp_path, largest=9)
+        assert small.batch_sizes == (1, 2, 3, 4, 6, 8, 9) and asked == [small.batch_sizes]
+        assert calibrate.verify_costs(ctx, tmp_path, largest=9) == small and len(asked) == 1
+        assert calibrate.verify_costs(ctx, tmp_path, largest=4).batch_sizes == small.batch_sizes
+        wider = calibrate.verify_costs(ctx, tmp_path, largest=17)
+        assert asked[1] == (12, 15, 16, 17)
+        assert wider.batch_sizes == (1, 2, 3, 4, 6, 8, 9, 12, 15, 16, 17)
+        assert wider.verify_s == tuple(0.01 * n for n in wider.batch_sizes)
+        assert calibrate.cached_verify(tmp_path, calibrate.context_key(ctx)) == wider
+        calibrate.verify_costs(ctx, tmp_path)  # every size: only the rest, up to n_batch
+        assert asked[2] == (24, 31, 32, 33, 48, 63, 64)
+    finally:
+        ctx.close()

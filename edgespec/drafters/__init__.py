@@ -200,7 +200,7 @@ def _build_auto(cfg, target, suffix, target_ctx, store, shared_model=None):
 
     if target_ctx is None:
         raise ValueError("the auto drafter needs the target context to calibrate on")
-    verify = verify_costs(target_ctx, store.home, cfg.calibration_tag)
+    verify = verify_costs(target_ctx, store.home, cfg.calibration_tag, largest=cfg.draft_max + 1)
     memory = PolicyMemory(store.home, context_key(target_ctx, cfg.calibration_tag))
     path = drafter_model_path(cfg.kind, cfg.draft_model, target.file.fingerprint, store)
     # One drafter model, whatever runtime drafts with it: one learned acceptance, under its file name.

@@ -25,6 +25,15 @@ log = logging.getLogger(__name__)
 # 2-core AVX-512 VM a 16-token batch took 281 ms and a 15-token one 335 ms. The sizes around
 # each multiple of 16 are measured so the policy sees those steps and drafts to fill a tile.
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64)
+
+
+def sizes_up_to(largest: int | None) -> tuple[int, ...]:
+    """The batch sizes a configuration whose steps verify at most ``largest`` tokens needs timed:
+    BATCH_SIZES up to it, and ``largest`` itself (None: all of them). Sizes 48-64 are ~45% of
+    a full calibration's time, and the default ``--draft-max 32`` never asks for them."""
+    if largest is None:
+        return BATCH_SIZES
+    return tuple(sorted({n for n in BATCH_SIZES if n <= largest} | {max(1, largest)}))
 REPEATS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
@@ -130,15 +139,20 @@ def cached_draft_cost(home: Path, key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def verify_costs(target: LlamaContext, home: Path, tag: str = "") -> CostModel:
-    """The target's verify curve, measured once per configuration (``tag``: placements the
-    parameters do not show, e.g. file-backed weights)."""
+def verify_costs(target: LlamaContext, home: Path, tag: str = "", largest: int | None = None) -> CostModel:
+    """The target's verify curve for batches of up to ``largest`` tokens (None: every size),
+    measured once per configuration (``tag``: placements the parameters do not show, e.g.
+    file-backed weights). Sizes missing from the cached curve are measured and merged into it."""
     key = context_key(target, tag)
-    cm = cached_verify(home, key)
-    if cm is not None:
-        return cm
+    cached = cached_verify(home, key)
+    have = dict(zip(cached.batch_sizes, cached.verify_s)) if cached is not None else {}
+    missing = tuple(n for n in sizes_up_to(largest) if n not in have and n <= target.n_batch)
+    if cached is not None and not missing:
+        return cached
     log.info("calibrating verification costs for %s (once)", Path(target.model.path).name)
-    sizes, times = measure_verify(target)
+    have.update(zip(*measure_verify(target, missing)))
+    sizes = tuple(sorted(have))
+    times = tuple(have[n] for n in sizes)
     _write(verify_path(home, key), {"batch_sizes": sizes, "verify_s": times})
     return CostModel(sizes, times)
 
@@ -152,9 +166,10 @@ def draft_cost(home: Path, key: str, measure) -> float:
     return cost
 
 
-def cost_model(target: LlamaContext, drafter: LlamaContext | None, home: Path, tag: str = "") -> CostModel:
+def cost_model(target: LlamaContext, drafter: LlamaContext | None, home: Path, tag: str = "",
+               largest: int | None = None) -> CostModel:
     """The calibrated cost model of ``target`` with a llama.cpp ``drafter`` (or none)."""
-    verify = verify_costs(target, home, tag)
+    verify = verify_costs(target, home, tag, largest)
     if drafter is None:
         return verify
     return replace(verify, draft_token_s=draft_cost(home, context_key(drafter), lambda: measure_draft_token(drafter)))
