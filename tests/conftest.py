@@ -93,6 +93,17 @@ def target_model(model_path) -> LlamaModel:
     return LlamaModel(model_path(TARGET))
 
 
+@pytest.fixture(scope="session")
+def onnx_exact(model_path, tmp_path_factory):
+    """One exact ONNX conversion of the drafter for the session, in a store of its own (the
+    source GGUF outside it): (store, conversion directory). Tests only read it."""
+    pytest.importorskip("onnx")
+    from edgespec.onnx.convert import convert
+
+    store = ModelStore(home=tmp_path_factory.mktemp("onnx-store"))
+    return store, convert(store, model_path(DRAFTER), "exact")
+
+
 @pytest.fixture
 def small_ctx(small_model):
     ctx = LlamaContext(small_model, ContextParams(n_ctx=1024, n_seq_max=4))

@@ -38,10 +38,9 @@ def source(model_path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory, source):
-    """One exact conversion per module, into a store of its own."""
-    store = ModelStore(home=tmp_path_factory.mktemp("onnx-store"))
-    return store, convert(store, source, "exact")
+def converted(onnx_exact):
+    """The session's exact conversion (conftest), into a store of its own."""
+    return onnx_exact
 
 
 class Graph:

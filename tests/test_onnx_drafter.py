@@ -20,9 +20,7 @@ pytest.importorskip("onnx")
 from edgespec.decode.sampling import SamplingParams, target_probs
 from edgespec.drafters.onnx import OnnxDrafter, make_onnx_drafter
 from edgespec.errors import IncompatibleModels, InvalidRequest
-from edgespec.files.store import ModelStore
 from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
-from edgespec.onnx.convert import convert
 from edgespec.onnx.session import OnnxLM
 
 DRAFTER = "qwen2.5-coder-0.5b"
@@ -37,11 +35,9 @@ def source(model_path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def onnx_store(tmp_path_factory, source):
+def onnx_store(onnx_exact):
     """A store of its own holding one exact conversion of the drafter (a path outside it)."""
-    store = ModelStore(home=tmp_path_factory.mktemp("onnx-drafter-store"))
-    convert(store, source, "exact")
-    return store
+    return onnx_exact[0]
 
 
 @pytest.fixture(scope="module")
