@@ -28,6 +28,7 @@ When package versions change, rerun it and check the new file in::
 
     .venv/bin/python benchmarks/make_code_edit.py            # writes benchmarks/code_edit.jsonl
     .venv/bin/python benchmarks/make_code_edit.py --check    # exit 1 if the file would change
+    .venv/bin/python benchmarks/make_code_edit.py --validation   # benchmarks/code_edit_validation.jsonl
 
 Stdlib only.
 """
@@ -57,6 +58,14 @@ PACKAGES = (
     "pygments", "pyyaml", "requests", "rich", "shellingham", "sortedcontainers", "typer",
     "urllib3",
 )
+# The validation suite (``--validation``): other installed distributions, none of the above, so
+# that a policy tuned on code_edit.jsonl is reported on code it never saw.
+VALIDATION_PACKAGES = (
+    "anyio", "click", "contourpy", "cycler", "fonttools", "h11", "httpcore2", "httpx2",
+    "kiwisolver", "onnx", "openai", "pydantic", "pyparsing", "pytest", "python-dateutil", "scipy",
+    "sniffio", "starlette", "uvicorn",
+)
+VALIDATION_OUT = OUT.with_name("code_edit_validation.jsonl")
 # SPDX ids (or classifier names mapped to them) accepted as permissive.
 PERMISSIVE = {"MIT", "BSD", "BSD-2-Clause", "BSD-3-Clause", "0BSD", "Apache-2.0", "ISC", "Zlib",
               "CC0-1.0", "PSF-2.0"}
@@ -415,7 +424,7 @@ TARGETS = {"type-hints": type_hints_target, "rename": rename_target,
 
 # -- selection -----------------------------------------------------------------------------------
 
-def build(packages=PACKAGES, per_category=PER_CATEGORY) -> list[dict]:
+def build(packages=PACKAGES, per_category=PER_CATEGORY, id_prefix="code-edit-") -> list[dict]:
     units = [u for pkg in packages for u in iter_units(pkg)]
     used: set[tuple[str, str, str]] = set()
     used_files: collections.Counter = collections.Counter()
@@ -471,7 +480,7 @@ def build(packages=PACKAGES, per_category=PER_CATEGORY) -> list[dict]:
             records.append(rec)
     records.sort(key=lambda r: CATEGORIES.index(r["category"]))   # stable: keeps unit order
     for i, rec in enumerate(records, 1):
-        rec["id"] = f"code-edit-{i:03d}"
+        rec["id"] = f"{id_prefix}{i:03d}"
     return records
 
 
@@ -493,11 +502,18 @@ def summary(records: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=OUT, help=f"output file (default {OUT})")
+    ap.add_argument("--out", type=Path, default=None, help=f"output file (default {OUT})")
     ap.add_argument("--check", action="store_true",
                     help="do not write; exit 1 when the output would differ from --out")
+    ap.add_argument("--validation", action="store_true",
+                    help=f"the validation suite from VALIDATION_PACKAGES (default out {VALIDATION_OUT})")
     args = ap.parse_args(argv)
-    records = build()
+    if args.validation:
+        args.out = args.out or VALIDATION_OUT
+        records = build(VALIDATION_PACKAGES, id_prefix="code-edit-v")
+    else:
+        args.out = args.out or OUT
+        records = build()
     text = render(records)
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""

@@ -56,11 +56,15 @@ def render_native_table(summary: dict) -> Table:
 
 @app.command()
 def bench(
-    suite: Optional[str] = typer.Option(None, "--suite", help="specbench | code-edit"),
+    suite: Optional[str] = typer.Option(None, "--suite", help="specbench | code-edit | code-edit-validation"),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL prompt file (id, category, turns|prompt)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Prompts per category (deterministic)."),
+    split: str = typer.Option("tune", "--split",
+                              help="tune: the --limit prompts tuning used | validate: those halfway "
+                                   "between them (disjoint)."),
     configs: str = typer.Option("plain,suffix", "--configs",
-                                help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, onnx, peer:..."),
+                                help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, onnx, peer:...; "
+                                     "X+recheck: X re-checking near-ties at --recheck-gap."),
     model: str = c.MODEL,
     draft_model: Optional[str] = c.DRAFT_MODEL,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1),
@@ -70,7 +74,9 @@ def bench(
     draft_max: int = c.DRAFT_MAX,
     onnx_provider: str = c.ONNX_PROVIDER,
     onnx_bits: str = c.ONNX_BITS,
-    recheck_gap: float = c.RECHECK_GAP,
+    recheck_gap: float = typer.Option(0.0, "--recheck-gap", min=0.0,
+                                      help="Greedy: the top-2 logit gap below which configurations named "
+                                           "X+recheck (e.g. auto+recheck) re-decode a verified position alone."),
     turns: str = typer.Option("first", "--turns",
                               help=f"{' | '.join(TURNS)}: all runs each conversation to its end, every "
                                    "later turn after plain decoding's answers."),
@@ -91,7 +97,7 @@ def bench(
     from edgespec.drafters import check_onnx_options
 
     check_onnx_options(onnx_provider, onnx_bits)  # before the target loads
-    items = select(load_suite(suite) if suite else load_prompts(prompts), limit)
+    items = select(load_suite(suite) if suite else load_prompts(prompts), limit, split)
     settings = BenchSettings(model=model, draft_model=draft_model, max_tokens=max_tokens,
                              temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
                              draft_max=draft_max, repeats=repeat, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,

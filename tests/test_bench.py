@@ -12,11 +12,12 @@ import pytest
 from edgespec.bench.peers import NATIVE_PLAIN
 from edgespec.bench.prompts import SPECBENCH_CATEGORY, conversation, load_prompts, load_suite, select
 from edgespec.bench.report import markdown
-from edgespec.bench.runner import BenchSettings
+from edgespec.bench.runner import BenchSettings, validate_configs
 from edgespec.bench.summary import OVERALL, PLAIN, Record, has_native_plain, interleaved_order, summarize
 from edgespec.errors import InvalidRequest
 
 EDGESPEC = str(Path(sys.executable).with_name("edgespec"))
+REPO = Path(__file__).resolve().parents[1]
 
 
 def rec(pid, cat, cfg, tokens, secs, steps=0, drafted=0, accepted=0, repeat=0, turn=1):
@@ -41,6 +42,44 @@ def test_limit_is_per_category_deterministic_and_spread():
     multi = [p for p in a if p.category == SPECBENCH_CATEGORY]
     # Evenly spaced through the 80 multi-turn questions: several MT-bench sub-categories.
     assert len({int(p.id) // 10 for p in multi}) >= 4
+
+
+def test_validate_split_is_disjoint_from_the_tuning_picks():
+    specbench = load_suite("specbench")
+    tune, validate = select(specbench, 5), select(specbench, 5, "validate")
+    assert len(validate) == 30 and not {p.id for p in tune} & {p.id for p in validate}
+    assert {p.category for p in validate} == {p.category for p in tune}
+    code = load_suite("code-edit")
+    halves = select(code, 6), select(code, 6, "validate")
+    assert sorted(p.id for p in halves[0] + halves[1]) == sorted(p.id for p in code)  # two halves
+    with pytest.raises(InvalidRequest, match="needs --limit <= 6"):
+        select(code, 7, "validate")
+    with pytest.raises(InvalidRequest, match="needs --limit"):
+        select(code, None, "validate")
+    with pytest.raises(InvalidRequest, match="--split must be one of"):
+        select(code, 3, "test")
+
+
+def test_validation_suite_comes_from_other_packages():
+    tuned, fresh = load_suite("code-edit"), load_suite("code-edit-validation")
+    assert {p.category for p in fresh} == {p.category for p in tuned}
+    assert not {p.id for p in fresh} & {p.id for p in tuned}
+    rows = [json.loads(line) for path in ("code_edit.jsonl", "code_edit_validation.jsonl")
+            for line in (REPO / "benchmarks" / path).read_text().splitlines()]
+    packages = [{r["source"]["package"] for r in rows if r["id"].startswith(prefix)}
+                for prefix in ("code-edit-0", "code-edit-v")]
+    assert packages[0] and packages[1] and not packages[0] & packages[1]
+
+
+def test_recheck_configurations_need_a_gap_and_the_gap_needs_them():
+    assert validate_configs(["auto", "auto+recheck"], 0.5) == ["plain", "auto", "auto+recheck"]
+    with pytest.raises(InvalidRequest, match=r"auto\+recheck needs --recheck-gap"):
+        validate_configs(["auto+recheck"], 0.0)
+    with pytest.raises(InvalidRequest, match="applies to configurations named"):
+        validate_configs(["auto"], 0.5)
+    for bad in ("plain+recheck", "peer:llama.cpp-plain+recheck", "nonsense+recheck"):
+        with pytest.raises(InvalidRequest, match="unknown config"):
+            validate_configs([bad], 0.5)
 
 
 def test_prompt_file_formats_and_errors(tmp_path):
@@ -162,6 +201,16 @@ def test_markdown_has_native_table_only_with_native_plain():
     assert "native plain" not in md(records[:1] + records[2:])
 
 
+def test_markdown_counts_rechecks_per_configuration():
+    records = [rec("1", "a", PLAIN, 100, 10.0), rec("1", "a", "auto", 100, 5.0, steps=20),
+               rec("1", "a", "auto+recheck", 100, 5.5, steps=22)]
+    records[2].rechecks = 3
+    machine = {"cpu": "cpu", "physical_cores": 2, "threads": 2, "llama_cpp_python": "0", "edgespec": "0"}
+    text = markdown({"machine": machine, "records": [r.to_dict() for r in records]}, "t", "edgespec bench")
+    assert "re-checks (positions re-decoded alone / tokens): auto+recheck 3/100." in text
+    assert "re-checks" not in markdown({"machine": machine, "records": [r.to_dict() for r in records[:2]]}, "t", "x")
+
+
 def test_short_real_run_json_schema(tmp_path, model_path):
     model_path("smollm2-135m")
     out = tmp_path / "bench.json"
@@ -176,21 +225,23 @@ def test_short_real_run_json_schema(tmp_path, model_path):
         {"id": "p2", "category": "prose", "prompt": "Once upon a time, in a small village,"},
     ]) + "\n")
     proc = subprocess.run([EDGESPEC, "bench", "--prompts", str(prompts), "--limit", "1", "--max-tokens", "16",
-                           "--model", "smollm2-135m", "--configs", "plain,suffix,none", "--json", str(out)],
+                           "--model", "smollm2-135m", "--configs", "plain,suffix,none,suffix+recheck",
+                           "--recheck-gap", "1.0", "--json", str(out)],
                           capture_output=True, text=True, timeout=900, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert {"machine", "records", "summary"} <= set(data)
     assert {"cpu", "physical_cores", "threads", "llama_cpp_python", "edgespec", "git_commit"} <= set(data["machine"])
-    assert len(data["records"]) == 2 * 3  # --limit 1: one prompt per category, three configs each
+    assert len(data["records"]) == 2 * 4  # --limit 1: one prompt per category, four configs each
     assert {r["category"] for r in data["records"]} == {"code", "prose"}
     assert all(r["new_tokens"] > 0 for r in data["records"])
     need = {"id", "category", "config", "new_tokens", "gen_s", "prefill_s", "steps", "drafted",
-            "accepted", "peak_rss_bytes", "text"}
+            "accepted", "peak_rss_bytes", "text", "rechecks"}
     assert all(need <= set(r) for r in data["records"])
     configs = [r["config"] for r in data["records"]]
-    assert configs[:3] == ["plain", "suffix", "none"]  # interleaved prompt by prompt
-    for cfg in ("plain", "suffix", "none"):
+    assert configs[:4] == ["plain", "suffix", "none", "suffix+recheck"]  # interleaved prompt by prompt
+    assert not any(r["rechecks"] for r in data["records"] if r["config"] != "suffix+recheck")
+    for cfg in ("plain", "suffix", "none", "suffix+recheck"):
         cell = data["summary"][cfg]["overall"]
         assert {"tokens_per_s", "speedup", "mean_emitted"} <= set(cell)
     assert data["summary"]["plain"]["overall"]["speedup"] == pytest.approx(1.0)
@@ -198,7 +249,7 @@ def test_short_real_run_json_schema(tmp_path, model_path):
 
 
 def test_shared_prefill_evaluates_each_prompt_once(model_path):
-    from edgespec.bench.runner import BenchSettings, run_bench
+    from edgespec.bench.runner import BenchSettings, validate_configs, run_bench
 
     model_path("smollm2-135m")
     prompts = select(load_suite("specbench"), 1)[:3]

@@ -18,7 +18,13 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 SUITES = {
     "specbench": BENCH_DIR / "specbench" / "question.jsonl",
     "code-edit": BENCH_DIR / "code_edit.jsonl",
+    # Built the same way from other installed packages (benchmarks/make_code_edit.py
+    # --validation): code the policy was never tuned on.
+    "code-edit-validation": BENCH_DIR / "code_edit_validation.jsonl",
 }
+# --split: `tune` takes --limit evenly spaced prompts per category (the ones every tuning run
+# used); `validate` the prompts halfway between them, a disjoint set to report on.
+SPLITS = ("tune", "validate")
 # Spec-Bench reports the eight MT-bench sub-categories together as one category.
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 SPECBENCH_CATEGORY = "multi_turn"
@@ -85,13 +91,18 @@ def load_suite(name: str) -> list[BenchPrompt]:
     return load_prompts(SUITES[name], specbench=(name == "specbench"))
 
 
-def select(prompts: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
-    """Up to ``limit`` prompts per category, evenly spaced through the file (deterministic).
+def select(prompts: list[BenchPrompt], limit: int | None, split: str = "tune") -> list[BenchPrompt]:
+    """Up to ``limit`` prompts per category, evenly spaced through the file (deterministic);
+    with ``split="validate"`` the prompts halfway between those (disjoint from them).
 
     Even spacing rather than the first k keeps Spec-Bench's multi-turn category spread over
     its eight sub-categories, which sit in blocks in the file.
     """
+    if split not in SPLITS:
+        raise InvalidRequest(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     if limit is None:
+        if split != "tune":
+            raise InvalidRequest("--split validate needs --limit (it takes the prompts between the --limit picks)")
         return list(prompts)
     if limit < 1:
         raise InvalidRequest("--limit must be >= 1")
@@ -99,9 +110,12 @@ def select(prompts: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
     for p in prompts:
         by_cat.setdefault(p.category, []).append(p)
     chosen = set()
-    for items in by_cat.values():
+    for cat, items in by_cat.items():
         k = min(limit, len(items))
-        chosen.update(items[i * len(items) // k].id for i in range(k))
+        if split == "validate" and 2 * k > len(items):
+            raise InvalidRequest(f"--split validate needs --limit <= {len(items) // 2} ({cat} has {len(items)} prompts)")
+        shift = len(items) // (2 * k) if split == "validate" else 0
+        chosen.update(items[i * len(items) // k + shift].id for i in range(k))
     return [p for p in prompts if p.id in chosen]
 
 

@@ -42,4 +42,10 @@ def markdown(result: dict, title: str, command: str) -> str:
         lines += ["", "Greedy output identical to plain decoding: " + ", ".join(
             f"{cfg} {sum(r.same_as_plain for r in same if r.config == cfg)}/"
             f"{sum(1 for r in same if r.config == cfg)}" for cfg in dict.fromkeys(r.config for r in same)) + "."]
+    rechecked = [r for r in records if r.rechecks]
+    if rechecked:
+        lines += ["", "Greedy near-tie re-checks (positions re-decoded alone / tokens): " + ", ".join(
+            f"{cfg} {sum(r.rechecks for r in records if r.config == cfg)}/"
+            f"{sum(r.new_tokens for r in records if r.config == cfg)}"
+            for cfg in dict.fromkeys(r.config for r in rechecked)) + "."]
     return "\n".join(lines) + "\n"

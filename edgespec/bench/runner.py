@@ -44,6 +44,14 @@ EDGESPEC_CONFIGS = NAMES[:3] + ("model-tree",) + NAMES[3:]
 # Configurations that always draft with the drafter model (declared by the drafter kinds).
 MODEL_CONFIGS = tuple(c for c in EDGESPEC_CONFIGS if kind_of(c.removesuffix("-tree")).model == "always")
 TURNS = ("first", "all")  # bench --turns: the first user turn only, or each conversation to its end
+# `X+recheck`: configuration X re-checking greedy near-ties at --recheck-gap (SpeculativeStep),
+# so one run compares X with and without re-checks on the same prompts and the same plain.
+RECHECK = "+recheck"
+
+
+def base_config(config: str) -> str:
+    """The configuration without its ``+recheck`` modifier."""
+    return config.removesuffix(RECHECK)
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,7 @@ class BenchSettings:
     n_ctx: int = 4096
     threads: int | None = None
     draft_max: int = 32
-    recheck_gap: float = 0.0  # greedy near-tie re-checks (SpeculativeStep)
+    recheck_gap: float = 0.0  # greedy near-tie re-checks of the X+recheck configurations (SpeculativeStep)
     repeats: int = 1
     ram_budget: int | None = None
     vram_budget: int | None = None
@@ -86,11 +94,17 @@ class BenchResult:
                 "records": [r.to_dict() for r in self.records], "summary": self.summary}
 
 
-def validate_configs(configs: list[str]) -> list[str]:
+def validate_configs(configs: list[str], recheck_gap: float = 0.0) -> list[str]:
     known = set(EDGESPEC_CONFIGS) | set(peers.PEERS) | {PLAIN}
-    bad = [c for c in configs if c not in known]
+    bad = [c for c in configs if c not in known and not (c.endswith(RECHECK) and base_config(c) in EDGESPEC_CONFIGS)]
     if bad:
-        raise InvalidRequest(f"unknown config(s) {', '.join(bad)}; choose from {', '.join(sorted(known))}")
+        raise InvalidRequest(f"unknown config(s) {', '.join(bad)}; choose from {', '.join(sorted(known))}"
+                             f" (an edgespec config X also as X{RECHECK})")
+    rechecked = [c for c in configs if c.endswith(RECHECK)]
+    if rechecked and recheck_gap <= 0:
+        raise InvalidRequest(f"{rechecked[0]} needs --recheck-gap G > 0 (the top-2 logit gap re-checked)")
+    if recheck_gap > 0 and not rechecked:
+        raise InvalidRequest(f"--recheck-gap applies to configurations named X{RECHECK} (e.g. auto{RECHECK})")
     return [PLAIN] + [c for c in dict.fromkeys(configs) if c != PLAIN]
 
 
@@ -126,13 +140,14 @@ class _Runners:
         """A fresh drafter per call (no history carried between prompts), sharing the model."""
         if config == PLAIN:
             return Decoder(self.engine.model, self.engine.seq)
-        kind = "model" if config == "model-tree" else config
-        wants_model = config in MODEL_CONFIGS or (kind == "auto" and self._draft_config(kind).allow_model)
-        shared = self.model_drafter(tree=config == "model-tree") if wants_model else None
+        base = base_config(config)
+        kind = "model" if base == "model-tree" else base
+        wants_model = base in MODEL_CONFIGS or (kind == "auto" and self._draft_config(kind).allow_model)
+        shared = self.model_drafter(tree=base == "model-tree") if wants_model else None
         drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
                                target_ctx=self.engine.ctx, shared_model=shared)
-        return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.settings.draft_max,
-                                                                            self.settings.recheck_gap,
+        gap = self.settings.recheck_gap if config.endswith(RECHECK) else 0.0
+        return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.settings.draft_max, gap,
                                                                             overlap=self.engine.overlap))
 
     def close(self) -> None:
@@ -147,7 +162,8 @@ def _record(p: BenchPrompt, config: str, repeat: int, turn: int, done: DoneEvent
                   gen_s=s.gen_s, prefill_s=s.prompt_eval_s, steps=steps, drafted=x.drafted if x else 0,
                   accepted=x.accepted if x else 0, peak_rss_bytes=s.peak_rss_bytes, text=done.text,
                   repeat=repeat, gen_tokens=max(s.generated_tokens - 1, 0),
-                  reused_prompt_tokens=s.reused_prompt_tokens, turn=turn, prompt_tokens=s.prompt_tokens)
+                  reused_prompt_tokens=s.reused_prompt_tokens, turn=turn, prompt_tokens=s.prompt_tokens,
+                  rechecks=x.rechecks if x else 0)
 
 
 def _peer_record(p: BenchPrompt, config: str, repeat: int, turn: int, r: peers.PeerResult) -> Record:
@@ -162,7 +178,7 @@ def _peer_record(p: BenchPrompt, config: str, repeat: int, turn: int, r: peers.P
 def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSettings,
               progress: Callable[[int, int, str, str], None] | None = None) -> BenchResult:
     """Runs every (repeat, prompt, config) in interleaved order and returns all records."""
-    configs = validate_configs(configs)
+    configs = validate_configs(configs, settings.recheck_gap)
     # A budget is planned for the target with the suffix drafter; configurations that add a
     # drafter model do so on top of it (auto only when the plan leaves room for one).
     planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None
@@ -198,7 +214,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
 
 def _planned_draft(configs: list[str]) -> str:
     """What a budget is planned for: the drafter model too when a configuration uses one."""
-    return "auto" if any(c in MODEL_CONFIGS or c == "auto" for c in configs) else "suffix"
+    return "auto" if any(base_config(c) in MODEL_CONFIGS or base_config(c) == "auto" for c in configs) else "suffix"
 
 
 def _prompt_tokens(engine: Engine, p: BenchPrompt, answers: Sequence[str] = ()) -> list[int]:
@@ -220,7 +236,7 @@ def _run_one(engine, runners, p: BenchPrompt, answers: list[str], config: str, r
             log.warning("%s skipped: %s", config, exc)
             return None
         return _peer_record(p, config, repeat, turn, r)
-    if config in MODEL_CONFIGS and not runners.model_allowed:
+    if base_config(config) in MODEL_CONFIGS and not runners.model_allowed:
         log.warning("%s skipped: the drafter model does not fit the RAM budget", config)
         return None
     tokens = _prompt_tokens(engine, p, answers)

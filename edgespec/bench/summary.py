@@ -46,6 +46,7 @@ class Record:
     reused_prompt_tokens: int = 0  # prompt tokens found in the KV cache (bench --share-prefill)
     turn: int = 1  # the conversation turn: its prompt holds the earlier turns and plain's answers
     prompt_tokens: int = 0  # 0: the peer did not report it
+    rechecks: int = 0  # greedy positions re-decoded alone (X+recheck configurations)
 
     @property
     def group(self) -> str:
