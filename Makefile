@@ -53,8 +53,11 @@ demo: models
 	$(EDGESPEC) run --model qwen2.5-coder-1.5b --temperature 0 --max-tokens 128 \
 		"Write a Python function that checks whether a string is a palindrome."
 
+# Tests that load no model run on every core first; then the rest, one at a time (two
+# llama.cpp processes on a 2-core machine slow each other down by orders of magnitude).
 test: test-models
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m model_free -n $(shell nproc 2>/dev/null || echo 2)
+	$(BIN)/python -m pytest -q -m "not model_free"
 
 clean:
 	rm -rf $(VENV) build *.egg-info edgespec/*.so

@@ -17,6 +17,30 @@ SMALL = "smollm2-135m"
 GEMMA = "gemma3-270m"
 
 
+# Modules none of whose tests load a model into llama.cpp (pure Python and numpy, GGUF files, the
+# store's pulls): `make test` runs them first on every core (pytest-xdist, `-m model_free`), then
+# the rest one test at a time, since two llama.cpp processes on a 2-core machine slow each other
+# down by orders of magnitude. A test here that loads a model fails (see _models_refused).
+MODEL_FREE = {"test_acceptance", "test_plumbing", "test_policy", "test_recheck", "test_replay",
+              "test_sampling", "test_suffix_index", "test_text", "test_gguf", "test_store",
+              "test_cli_models"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if item.module.__name__ in MODEL_FREE:
+            item.add_marker("model_free")
+
+
+@pytest.fixture(autouse=True)
+def _models_refused(request, monkeypatch):
+    """In model_free tests, loading a model into llama.cpp is an error, not a slowdown."""
+    if request.node.get_closest_marker("model_free"):
+        def refuse(self, *args, **kwargs):
+            raise AssertionError(f"{request.node.nodeid} is in conftest.MODEL_FREE but loads a model")
+        monkeypatch.setattr(LlamaModel, "__init__", refuse)
+
+
 # Build caches and reports kept in the user's store between sessions: the F32 copy of SmolLM2
 # costs a minute to build. Nothing else of the user's store is written by the tests.
 _SHARED_DIRS = ("test-cache", "test-reports")

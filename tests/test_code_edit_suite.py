@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-SUITE = Path(__file__).resolve().parent.parent / "benchmarks" / "code_edit.jsonl"
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+SUITES = {"code-edit-": BENCH / "code_edit.jsonl", "code-edit-v": BENCH / "code_edit_validation.jsonl"}
 CATEGORIES = ("type-hints", "rename", "docstrings", "dataclass")
 MAX_PROMPT_CHARS = 6000
 MAX_PROMPT_TOKENS = 2000
@@ -29,13 +30,15 @@ _RENAME_RE = re.compile(r"^Rename the identifier `(\w+)` to `(\w+)` ")
 _CLASS_RE = re.compile(r"^Convert the class `(\w+)` ")
 
 
-def _load() -> list[dict]:
-    return [json.loads(line) for line in SUITE.read_text(encoding="utf-8").splitlines()]
+@pytest.fixture(scope="module", params=list(SUITES), ids=["tuning", "validation"])
+def prefix(request) -> str:
+    """Each suite: the tuning suite and the validation suite (other packages), by id prefix."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def records() -> list[dict]:
-    return _load()
+def records(prefix) -> list[dict]:
+    return [json.loads(line) for line in SUITES[prefix].read_text(encoding="utf-8").splitlines()]
 
 
 def _split(rec: dict) -> tuple[str, str]:
@@ -51,8 +54,8 @@ def _name_counts(code: str) -> collections.Counter:
                                if t.type == tokenize.NAME)
 
 
-def test_every_line_is_a_request_object(records):
-    assert SUITE.read_text(encoding="utf-8").endswith("\n")
+def test_every_line_is_a_request_object(records, prefix):
+    assert SUITES[prefix].read_text(encoding="utf-8").endswith("\n")
     for rec in records:
         assert isinstance(rec, dict)
         assert isinstance(rec["id"], str) and isinstance(rec["category"], str)
@@ -74,10 +77,10 @@ def test_size_and_categories(records):
         assert counts[cat] >= 8, (cat, counts[cat])
 
 
-def test_ids_are_unique_and_numbered(records):
+def test_ids_are_unique_and_numbered(records, prefix):
     ids = [r["id"] for r in records]
     assert len(set(ids)) == len(ids)
-    assert all(re.fullmatch(r"code-edit-\d{3}", i) for i in ids)
+    assert all(re.fullmatch(re.escape(prefix) + r"\d{3}", i) for i in ids)
 
 
 def test_each_piece_of_code_is_used_once(records):
