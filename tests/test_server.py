@@ -32,6 +32,9 @@ CTX = 1024
 # One llama.cpp thread everywhere: on a shared 2-core machine, spinning worker threads of
 # several processes slow each other down by orders of magnitude.
 THREADS = 1
+# Drafts of up to 8 tokens, here and in the servers: auto calibrates batches of up to 9 (at one
+# thread, batches of 10-33 tokens would add ~4 s); the server's behaviour does not depend on it.
+DRAFT_MAX = 8
 KEY = "sk-test-edgespec"
 
 
@@ -170,7 +173,8 @@ def small_path(model_path) -> str:
 
 @pytest.fixture(scope="module")
 def engine(small_path):
-    with Engine(EngineConfig(model=small_path, n_ctx=CTX, n_threads=THREADS, draft="auto")) as eng:
+    with Engine(EngineConfig(model=small_path, n_ctx=CTX, n_threads=THREADS, draft="auto",
+                             draft_max=DRAFT_MAX)) as eng:
         yield eng
 
 
@@ -368,7 +372,8 @@ def _start(small_path: str, tmp_path_factory, *args: str, timeout: float = 120) 
     with open(log, "wb") as err:
         # By store name (the id clients use); requests may also name the model by its path.
         proc = subprocess.Popen([EDGESPEC, "serve", "--model", SMALL, "--port", str(port),
-                                 "--ctx", str(CTX), "--threads", str(THREADS), *args], stdout=subprocess.DEVNULL, stderr=err,
+                                 "--ctx", str(CTX), "--threads", str(THREADS), "--draft-max", str(DRAFT_MAX),
+                                 *args], stdout=subprocess.DEVNULL, stderr=err,
                                 stdin=subprocess.DEVNULL)
     server = Server(proc, port, log)
     deadline = time.monotonic() + timeout
