@@ -48,7 +48,20 @@ def test_when_every_row_is_a_near_tie_each_step_is_a_plain_decode():
         got = always.generate(prompt, GREEDY)
         assert got.token_ids == plain.generate(prompt, GREEDY).token_ids
         spec = got.stats.spec
-        assert spec.drafted > 0 and spec.accepted == 0 and spec.rechecks == spec.steps
+        # Every step that drafted re-checked its first row; steps without a draft decoded the
+        # pending token alone already.
+        assert spec.drafted > 0 and spec.accepted == 0 and 0 < spec.rechecks < spec.steps
+
+
+def test_a_step_without_a_draft_is_never_rechecked():
+    from edgespec.drafters.none import NoDrafter
+
+    ctx = FakeContext(TARGET, n_ctx=1024, n_batch=64, n_seq_max=9)
+    never = Decoder(TARGET, KVSequence(ctx), SpeculativeStep(NoDrafter(), 8, recheck_gap=float("inf")))
+    prompt = _prompts(1)[0]
+    got = never.generate(prompt, GREEDY)
+    assert got.token_ids == decoder(None).generate(prompt, GREEDY).token_ids
+    assert got.stats.spec.steps > 0 and got.stats.spec.rechecks == 0
 
 
 def _gaps(model: FakeModel, prompt: list[int]) -> float:
