@@ -19,7 +19,8 @@ else ifneq ($(GPU),cpu)
 $(error GPU must be cpu or cuda, not $(GPU))
 endif
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)" $(GPU_CMAKE)
-export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
 
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 TEST_MODELS := $(DEMO_MODELS) smollm2-135m gemma3-270m
@@ -56,7 +57,7 @@ demo: models
 # Tests that load no model run on every core first; then the rest, one at a time (two
 # llama.cpp processes on a 2-core machine slow each other down by orders of magnitude).
 test: test-models
-	$(BIN)/python -m pytest -q -m model_free -n $(shell nproc 2>/dev/null || echo 2)
+	$(BIN)/python -m pytest -q -m model_free -n $(NPROC)
 	$(BIN)/python -m pytest -q -m "not model_free"
 
 clean:

@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 # each multiple of 16 are measured so the policy sees those steps and drafts to fill a tile.
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64)
 
+REPEATS = 2
+# Verification attends to the whole context: time batches after this many tokens of it, not at
+# position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
+CONTEXT_TOKENS = 512
+VERSION = "v3"  # bump when what is measured changes: older cached calibrations are ignored
+
 
 def sizes_up_to(largest: int | None) -> tuple[int, ...]:
     """The batch sizes a configuration whose steps verify at most ``largest`` tokens needs timed:
@@ -34,11 +40,6 @@ def sizes_up_to(largest: int | None) -> tuple[int, ...]:
     if largest is None:
         return BATCH_SIZES
     return tuple(sorted({n for n in BATCH_SIZES if n <= largest} | {max(1, largest)}))
-REPEATS = 2
-# Verification attends to the whole context: time batches after this many tokens of it, not at
-# position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
-CONTEXT_TOKENS = 512
-VERSION = "v3"  # bump when what is measured changes: older cached calibrations are ignored
 
 
 def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int, flash_attn: bool | None,
