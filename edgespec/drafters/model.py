@@ -9,13 +9,13 @@ longest common prefix of what it holds and the current context, and decodes only
   needs q). Drafting stops when the drafter's top probability falls below ``min_confidence``;
   the test uses the distribution's maximum, never the drawn token, so a continuing draft is
   still an unconditioned sample of q.
-* tree (greedy only): SpecExec-style best-first expansion by cumulative probability within a
-  node budget; each round decodes the chosen frontier nodes in one batch, each node in its own
-  sequence so it attends only to its ancestors.
+* tree (greedy only): SpecExec-style, the exact top-``budget`` nodes by path probability
+  (edgespec.spec.tree_search); each round decodes the best unexpanded nodes in one batch, each
+  path in its own sequence so a node attends only to its ancestors (edgespec.drafters.tree_kv).
+  Paths less likely than a weak two-token chain (``min_confidence`` squared) are not drafted.
 """
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Sequence
 
@@ -23,13 +23,16 @@ import numpy as np
 
 from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, sample_from, target_probs
 from edgespec.decode.sequence import KVSequence
+from edgespec.drafters.tree_kv import PathKV
 from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
 from edgespec.spec.tree import DraftTree
+from edgespec.spec.tree_search import best_first, top_children
 
 log = logging.getLogger(__name__)
 
 NAME = "model"
-MAX_TREE_NODES = 63  # each tree node needs a sequence id while drafting
+MAX_TREE_NODES = 63  # default tree size: each expanded node may need a sequence id while drafting
+SEQ_LIMIT = 256  # llama.cpp's LLAMA_MAX_SEQ
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -79,11 +82,11 @@ class ModelDrafter:
     # propose() and guess() sync to whatever context they are given, so they may draft past an
     # unverified draft (SpeculativeStep's overlap) and be rolled back by the next call.
     drafts_ahead = True
-    TREE_ROUND = 4  # frontier nodes decoded per batch while growing a tree
+    TREE_ROUND = 32  # frontier nodes decoded per batch while growing a tree
 
     def __init__(self, model: LlamaModel, n_ctx: int = 4096, n_threads: int | None = None,
-                 tree: bool = False, min_confidence: float = 0.4, branch: int = 3, round_size: int = TREE_ROUND,
-                 ctx=None):
+                 tree: bool = False, min_confidence: float = 0.4, branch: int = 8, round_size: int = TREE_ROUND,
+                 ctx=None, tree_nodes: int = MAX_TREE_NODES):
         """``ctx``: a context to draft in instead of a new one over ``model`` (tests pass an
         exact fake with the LlamaContext interface)."""
         self.model = model
@@ -91,17 +94,18 @@ class ModelDrafter:
         self.min_confidence = min_confidence
         self.branch = branch
         self.round_size = round_size
-        self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads))
+        self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads, tree_nodes))
+        self.last_search = None  # the last tree's SearchResult (rounds, expansions)
         self.seq = KVSequence(self.ctx)
         self.params = SamplingParams(temperature=0.0)
         self.rng = np.random.default_rng()
 
     @staticmethod
-    def context_params(n_ctx: int, n_threads: int | None = None) -> ContextParams:
-        """The drafter's context: always room for tree drafting (the flag can change between
-        requests); a small ubatch keeps the compute buffer (ubatch x vocabulary logits) small,
-        since drafts are a few tokens. The planner sizes the drafter from this declaration."""
-        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=MAX_TREE_NODES + 1,
+    def context_params(n_ctx: int, n_threads: int | None = None, tree_nodes: int = MAX_TREE_NODES) -> ContextParams:
+        """The drafter's context: always room for trees of ``tree_nodes`` (the flag can change
+        between requests); a small ubatch keeps the compute buffer (ubatch x vocabulary logits)
+        small. The planner sizes the drafter from this declaration."""
+        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=min(tree_nodes + 1, SEQ_LIMIT),
                              n_threads=n_threads)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -125,11 +129,13 @@ class ModelDrafter:
 
     # -- drafting -----------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
-        if budget <= 0 or len(context) + budget + 1 >= self.ctx.n_ctx:
+        tree = self.tree and self.params.greedy
+        room = self.ctx.n_seq_max if tree else budget + 1  # a tree's cells: one per expanded node
+        if budget <= 0 or len(context) + room >= self.ctx.n_ctx:
             return DraftTree.empty(NAME)
         logits, _ = self.seq.sync(context)
-        if self.tree and self.params.greedy:
-            return self._tree(context, logits, min(budget, MAX_TREE_NODES))
+        if tree:
+            return self._tree(context, logits, min(budget, self.ctx.n_seq_max - 1))
         return self._chain(context, logits, budget)
 
     def guess(self, context: Sequence[int]) -> int:
@@ -142,55 +148,18 @@ class ModelDrafter:
                            self.seq.append, NAME)
 
     def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
-        base = len(context)  # position of depth-1 nodes
-        tokens: list[int] = []
-        parents: list[int] = []
-        depths: list[int] = []
-        scores: list[float] = []
-        heap: list[tuple[float, int, int, int]] = []  # (-logp, order, parent, token)
-        order = 0
+        base = len(context)
+        kv = PathKV(self.ctx)
 
-        def push_children(parent: int, parent_logp: float, row: np.ndarray) -> None:
-            nonlocal order
-            lp = log_softmax(row)
-            for t in np.argpartition(-lp, self.branch)[: self.branch]:
-                heapq.heappush(heap, (-(parent_logp + lp[t]), order, parent, int(t)))
-                order += 1
+        def expand(paths):
+            rows = kv.decode([(base, p) for p in paths])
+            return [top_children(row, self.branch) for row in rows]
 
-        push_children(-1, 0.0, logits)
-        min_logp = np.log(self.min_confidence) * 2  # prune paths much less likely than a weak chain
-        node_seq: dict[int, int] = {-1: 0}
+        floor = 2 * np.log(self.min_confidence) if self.min_confidence > 0 else -np.inf
         try:
-            while heap and len(tokens) < budget:
-                chosen = []
-                while heap and len(chosen) < self.round_size and len(tokens) < budget:
-                    neg, _, parent, token = heapq.heappop(heap)
-                    if -neg < min_logp:
-                        heap.clear()
-                        break
-                    tokens.append(token)
-                    parents.append(parent)
-                    depths.append(1 if parent < 0 else depths[parent] + 1)
-                    scores.append(-neg)
-                    chosen.append(len(tokens) - 1)
-                if not chosen or len(tokens) >= budget:
-                    break
-                rows = self._expand(chosen, tokens, parents, depths, base, node_seq)
-                for node, row in zip(chosen, rows):
-                    push_children(node, scores[node], row)
+            found = best_first(top_children(logits, self.branch), expand, budget, self.round_size,
+                               self.ctx.n_seq_max - 1, floor, NAME)
         finally:
-            for seq in range(1, len(node_seq)):
-                self.ctx.seq_rm(seq, -1, -1)
-        return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
-                         scores=np.exp(np.asarray(scores, np.float64)))
-
-    def _expand(self, nodes, tokens, parents, depths, base, node_seq) -> np.ndarray:
-        """Decodes ``nodes`` in one batch, each in a fresh sequence holding its ancestors."""
-        seqs = []
-        for node in nodes:
-            seq = len(node_seq)
-            self.ctx.seq_cp(node_seq[parents[node]], seq, -1, -1)
-            node_seq[node] = seq
-            seqs.append([seq])
-        return self.ctx.decode([tokens[n] for n in nodes], [base + depths[n] - 1 for n in nodes],
-                               seqs, [True] * len(nodes))
+            kv.release()
+        self.last_search = found
+        return found.tree

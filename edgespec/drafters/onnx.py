@@ -14,8 +14,6 @@ rejected tokens is forgetting them (a shorter length), nothing is copied.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -24,9 +22,10 @@ import numpy as np
 
 from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window
 from edgespec.decode.tokens import fast_common_prefix
-from edgespec.drafters.model import log_softmax, draft_chain
+from edgespec.drafters.model import draft_chain
 from edgespec.onnx.session import MASKED, OnnxLM
 from edgespec.spec.tree import DraftTree
+from edgespec.spec.tree_search import best_first, top_children
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +53,8 @@ class OnnxDrafter:
     # unverified draft (SpeculativeStep's overlap) and be rolled back by the next call.
     drafts_ahead = True
 
-    def __init__(self, lm: OnnxLM, tree: bool = False, min_confidence: float = 0.4, branch: int = 3,
-                 round_size: int = 4):
+    def __init__(self, lm: OnnxLM, tree: bool = False, min_confidence: float = 0.4, branch: int = 8,
+                 round_size: int = 32):
         self.lm = lm
         self.tree = tree
         self.min_confidence = min_confidence
@@ -122,10 +121,12 @@ class OnnxDrafter:
 
     # -- drafting -----------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
-        if budget <= 0 or len(context) + budget + 1 >= self.lm.n_ctx:
+        tree = self.tree and self.params.greedy
+        room = MAX_TREE_NODES + 1 if tree else budget + 1  # a tree's slots: one per expanded node
+        if budget <= 0 or len(context) + room >= self.lm.n_ctx:
             return DraftTree.empty(NAME)
         logits = self.sync(context)
-        if self.tree and self.params.greedy:
+        if tree:
             return self._tree(context, logits, min(budget, MAX_TREE_NODES))
         return self._chain(context, logits, budget)
 
@@ -138,38 +139,22 @@ class OnnxDrafter:
                            self.append, NAME)
 
     def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
-        tokens: list[int] = []
+        tokens: list[int] = []  # the decoded nodes, in decoding order (score_tree's layout)
         parents: list[int] = []
-        scores: list[float] = []
-        heap: list[tuple[float, int, int, int]] = []  # (-logp, order, parent, token)
-        order = itertools.count()
+        index: dict[tuple[int, ...], int] = {}
 
-        def push_children(parent: int, parent_logp: float, row: np.ndarray) -> None:
-            lp = log_softmax(row)
-            for t in np.argpartition(-lp, self.branch)[: self.branch]:
-                heapq.heappush(heap, (-(parent_logp + lp[t]), next(order), parent, int(t)))
+        def expand(paths):
+            first = len(tokens)
+            for path in paths:
+                index[path] = len(tokens)
+                tokens.append(path[-1])
+                parents.append(index[path[:-1]] if len(path) > 1 else -1)
+            rows = self.score_tree(context, tokens, parents, range(first, len(tokens)))
+            return [top_children(row, self.branch) for row in rows]
 
-        push_children(-1, 0.0, logits)
-        # prune paths much less likely than a weak chain (none when min_confidence is 0)
-        min_logp = 2 * np.log(self.min_confidence) if self.min_confidence > 0 else -np.inf
-        while heap and len(tokens) < budget:
-            chosen = []
-            while heap and len(chosen) < self.round_size and len(tokens) < budget:
-                neg, _, parent, token = heapq.heappop(heap)
-                if -neg < min_logp:
-                    heap.clear()
-                    break
-                tokens.append(token)
-                parents.append(parent)
-                scores.append(-neg)
-                chosen.append(len(tokens) - 1)
-            if not chosen or len(tokens) >= budget:
-                break
-            rows = self.score_tree(context, tokens, parents, chosen)
-            for node, row in zip(chosen, rows):
-                push_children(node, scores[node], row)
-        return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
-                         scores=np.exp(np.asarray(scores, np.float64)))
+        floor = 2 * np.log(self.min_confidence) if self.min_confidence > 0 else -np.inf
+        return best_first(top_children(logits, self.branch), expand, budget, self.round_size,
+                          MAX_TREE_NODES, floor, NAME).tree
 
 
 def measure_onnx_token(drafter: OnnxDrafter, repeats: int = 3) -> float:

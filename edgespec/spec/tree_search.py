@@ -1,0 +1,111 @@
+"""Best-first draft trees (SpecExec): the ``budget`` most probable nodes of a drafter's tree.
+
+The drafter's tree gives every node its ``branch`` most probable next tokens; a node's score is
+the cumulative log-probability of its path from the root. The draft is the exact top-``budget``
+nodes by score (ties: the earlier discovered first). A child never outscores its parent, so the
+top nodes form a tree, and once every node in the current top-``budget`` of the discovered
+nodes has been expanded no undiscovered node can enter it. The search expands in rounds: the
+best ``round_size`` unexpanded nodes of the current top-``budget``, decoded by the caller in one
+batch. ``max_expansions`` bounds the decodes (a drafter needs a sequence id per expansion); when
+it binds, the draft is the top-``budget`` of what was discovered.
+
+Trees are nested: the first ``b`` nodes of an exact top-``budget`` tree are the exact top-``b``
+tree, so one drafted tree tells what every smaller budget would have accepted (``accepted_by``).
+Pure: ``expand(paths)`` does the decoding; the runtime drafter and the replay recorder share it.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.spec.tree import DraftTree
+
+Path = tuple[int, ...]  # tokens from the root's child down to a node
+
+
+@dataclass(frozen=True)
+class Children:
+    """A node's ``branch`` most probable next tokens and their log-probabilities, best first."""
+
+    ids: tuple[int, ...]
+    logps: tuple[float, ...]
+
+
+def top_children(logits: np.ndarray, branch: int) -> Children:
+    """The ``branch`` best tokens of a logits row (log-softmax), best first, ties by id."""
+    x = np.asarray(logits, np.float64)
+    m = x.max()
+    lp = x - m - np.log(np.exp(x - m).sum())
+    k = min(branch, len(lp))
+    ids = np.argpartition(-lp, k - 1)[:k]
+    ids = ids[np.lexsort((ids, -lp[ids]))]
+    return Children(tuple(int(i) for i in ids), tuple(float(lp[i]) for i in ids))
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    tree: DraftTree  # nodes best first (a topological order); scores = path probabilities
+    rounds: int  # expand() calls
+    expansions: int  # paths expanded in all
+
+
+def best_first(root: Children, expand: Callable[[list[Path]], Sequence[Children]], budget: int,
+               round_size: int = 32, max_expansions: int = 255, min_logp: float = -np.inf,
+               source: str = "model") -> SearchResult:
+    """The top-``budget`` tree under ``root``'s children (see the module docstring); nodes whose
+    path log-probability is below ``min_logp`` are never drafted (the tree may be smaller)."""
+    paths: list[Path] = []
+    scores: list[float] = []
+    parents: list[int] = []
+    expanded: list[bool] = []
+
+    def discover(parent: int, children: Children) -> None:
+        base = () if parent < 0 else paths[parent]
+        base_score = 0.0 if parent < 0 else scores[parent]
+        for t, lp in zip(children.ids, children.logps):
+            if base_score + lp < min_logp:
+                break  # children come best first
+            paths.append(base + (t,))
+            scores.append(base_score + lp)
+            parents.append(parent)
+            expanded.append(False)
+
+    discover(-1, root)
+    rounds = expansions = 0
+    while True:
+        top = heapq.nsmallest(budget, range(len(paths)), key=lambda i: (-scores[i], i))
+        todo = [i for i in top if not expanded[i]][:min(round_size, max_expansions - expansions)]
+        if not todo:
+            break
+        for i, children in zip(todo, expand([paths[i] for i in todo])):
+            expanded[i] = True
+            discover(i, children)
+        rounds += 1
+        expansions += len(todo)
+    index = {node: k for k, node in enumerate(top)}
+    tree = DraftTree(np.asarray([paths[i][-1] for i in top], np.int64),
+                     np.asarray([index[parents[i]] if parents[i] >= 0 else -1 for i in top], np.int64),
+                     source=source, scores=np.exp(np.asarray([scores[i] for i in top], np.float64)))
+    return SearchResult(tree, rounds, expansions)
+
+
+def accepted_path(tree: DraftTree, emitted: Sequence[int]) -> list[int]:
+    """Node indices of the longest path from the root that spells a prefix of ``emitted``."""
+    path: list[int] = []
+    parent = -1
+    for token in emitted:
+        nxt = next((i for i in range(len(tree)) if tree.parents[i] == parent and tree.tokens[i] == token), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        parent = nxt
+    return path
+
+
+def accepted_by(path: Sequence[int], budgets: Sequence[int]) -> dict[int, int]:
+    """What each budget's tree (its first b nodes) would have accepted, for an exact tree whose
+    accepted path is ``path`` (node indices; they increase with depth)."""
+    return {b: sum(1 for node in path if node < b) for b in budgets}

@@ -1,0 +1,103 @@
+"""Best-first trees (edgespec.spec.tree_search) against brute force, and the drafter's path KV
+(edgespec.drafters.tree_kv) against plain decoding of each path, on the exact fake model."""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+
+from edgespec.drafters.model import ModelDrafter
+from edgespec.drafters.tree_kv import PathKV
+from edgespec.spec.tree_search import Children, accepted_by, accepted_path, best_first, top_children
+from tests.fake_model import FakeContext, FakeModel
+
+MODEL = FakeModel(n_vocab=40, seed=3, sharpness=2.5)
+CONTEXT = [0, 5, 9, 13, 5, 9]
+
+
+def children_of(path, branch=4) -> Children:
+    return top_children(MODEL.logits(np.asarray(CONTEXT + list(path))), branch)
+
+
+def brute_force_top(budget: int, branch: int = 4) -> list[tuple[float, tuple[int, ...]]]:
+    """The top nodes one at a time: pop the most probable known node, then learn its children
+    (a child never outscores its parent, so the pops come best first)."""
+    heap = [(-lp, (t,)) for t, lp in zip(*(lambda c: (c.ids, c.logps))(children_of((), branch)))]
+    heapq.heapify(heap)
+    out = []
+    while heap and len(out) < budget:
+        neg, path = heapq.heappop(heap)
+        out.append((-neg, path))
+        c = children_of(path, branch)
+        for t, lp in zip(c.ids, c.logps):
+            heapq.heappush(heap, (neg - lp, path + (t,)))
+    return out
+
+
+@pytest.mark.parametrize("budget,round_size", [(1, 32), (5, 1), (12, 4), (30, 32), (30, 7)])
+def test_the_tree_is_the_exact_top_budget_whatever_the_rounds(budget, round_size):
+    calls = []
+
+    def expand(paths):
+        calls.append(len(paths))
+        return [children_of(p) for p in paths]
+
+    found = best_first(children_of(()), expand, budget, round_size=round_size)
+    tree = found.tree
+    got = sorted(tuple(int(tree.tokens[i]) for i in tree.path_to(k)) for k in range(len(tree)))
+    want = sorted(path for _, path in brute_force_top(budget))
+    assert got == want and len(tree) == budget
+    assert all(tree.scores[i] <= tree.scores[int(tree.parents[i])] for i in range(len(tree)) if tree.parents[i] >= 0)
+    assert list(tree.scores) == sorted(tree.scores, reverse=True)  # best first: prefixes are smaller trees
+    assert max(calls) <= round_size and found.rounds == len(calls) and found.expansions == sum(calls)
+
+
+def test_trees_are_nested_so_one_tree_tells_every_smaller_budget():
+    expand = lambda paths: [children_of(p) for p in paths]  # noqa: E731
+    big = best_first(children_of(()), expand, 40).tree
+    plain = [int(big.tokens[i]) for i in big.path_to(len(big) - 1)] + [7]  # a continuation deep in the tree
+    path = accepted_path(big, plain)
+    for b, accepted in accepted_by(path, (1, 4, 10, 25, 40)).items():
+        small = best_first(children_of(()), expand, b).tree
+        assert len(accepted_path(small, plain)) == accepted
+
+
+def test_max_expansions_bounds_the_decodes_and_floor_prunes():
+    expand = lambda paths: [children_of(p) for p in paths]  # noqa: E731
+    capped = best_first(children_of(()), expand, 30, round_size=4, max_expansions=6)
+    assert capped.expansions == 6 and len(capped.tree) == 4 + 6 * 4  # all it discovered
+    floored = best_first(children_of(()), expand, 30, min_logp=np.log(0.05))
+    assert 0 < len(floored.tree) < 30 and floored.tree.scores.min() >= 0.05 - 1e-12
+
+
+def test_path_kv_rows_equal_plain_decoding_and_it_frees_every_sequence():
+    ctx = FakeContext(MODEL, n_ctx=256, n_seq_max=6, n_ubatch=64)
+    ctx.decode(CONTEXT, range(len(CONTEXT)), [[0]] * len(CONTEXT), [True] * len(CONTEXT))
+    kv = PathKV(ctx)
+    base = len(CONTEXT)
+    rng = np.random.default_rng(0)
+    paths = [()]
+    for _ in range(40):  # random trees; more paths than sequences force releases and re-decodes
+        parent = paths[int(rng.integers(len(paths)))]
+        batch = [parent + (int(t),) for t in rng.choice(np.arange(2, 40), size=int(rng.integers(1, 3)), replace=False)]
+        batch = [p for p in dict.fromkeys(batch) if p not in paths]
+        rows = kv.decode([(base, p) for p in batch])
+        for p, row in zip(batch, rows):
+            np.testing.assert_array_equal(row, MODEL.logits(np.asarray(CONTEXT + list(p))))
+        paths += batch
+        if rng.random() < 0.2:
+            kv.release(lambda n: len(n[1]) > 2)
+    kv.release()
+    assert ctx.cells(0) == list(enumerate(CONTEXT)) and ctx.used_cells == len(CONTEXT)
+    assert all(ctx.seq_pos_max(s) == -1 for s in range(1, ctx.n_seq_max))
+
+
+def test_the_model_drafter_drafts_the_search_tree_and_leaves_only_its_context():
+    ctx = FakeContext(MODEL, n_ctx=512, n_seq_max=64, n_ubatch=64)
+    drafter = ModelDrafter(MODEL, tree=True, min_confidence=0.0, ctx=ctx, branch=4)
+    drafter.begin(CONTEXT)
+    tree = drafter.propose(CONTEXT, 30)
+    want = sorted(path for _, path in brute_force_top(30))
+    assert sorted(tuple(int(tree.tokens[i]) for i in tree.path_to(k)) for k in range(len(tree))) == want
+    assert ctx.cells(0) == list(enumerate(CONTEXT)) and ctx.used_cells == len(CONTEXT)
