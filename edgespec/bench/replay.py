@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.bench.replay_trees import TreeTrace
 from edgespec.bench.summary import PLAIN, Record, summarize
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
@@ -96,6 +97,7 @@ class PromptTrace:
     output: tuple[int, ...]  # plain greedy output; ends with the EOG token when finish == "stop"
     finish: str  # "stop" (EOG) | "length"
     drafter: DrafterTrace | None = None
+    trees: TreeTrace | None = None  # best-first model trees (edgespec.bench.replay_trees)
 
     @property
     def eog(self) -> int | None:
@@ -122,6 +124,8 @@ def _prompt_to_dict(p: PromptTrace) -> dict:
                         "plain_logprob": [round(v, 3) for v in t.plain_logprob],
                         "confident": [int(c) for c in t.confident_at], "off_run": list(t.off_run),
                         "min_confidence": t.min_confidence, "off_cap": t.off_cap}
+    if p.trees is not None:
+        d["trees"] = p.trees.to_dict()
     return d
 
 
@@ -131,7 +135,8 @@ def _prompt_from_dict(d: dict) -> PromptTrace:
         tuple(tuple(x) for x in t["top_ids"]), tuple(tuple(x) for x in t["top_logprobs"]),
         tuple(t["plain_logprob"]), tuple(bool(c) for c in t["confident"]), tuple(t["off_run"]),
         t["min_confidence"], t["off_cap"])
-    return PromptTrace(d["id"], d["category"], tuple(d["prompt"]), tuple(d["output"]), d["finish"], drafter)
+    trees = TreeTrace.from_dict(d["trees"]) if "trees" in d else None
+    return PromptTrace(d["id"], d["category"], tuple(d["prompt"]), tuple(d["output"]), d["finish"], drafter, trees)
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:

@@ -12,7 +12,8 @@ longest common prefix of what it holds and the current context, and decodes only
 * tree (greedy only): SpecExec-style, the exact top-``budget`` nodes by path probability
   (edgespec.spec.tree_search); each round decodes the best unexpanded nodes in one batch, each
   path in its own sequence so a node attends only to its ancestors (edgespec.drafters.tree_kv).
-  Paths less likely than a weak two-token chain (``min_confidence`` squared) are not drafted.
+  A tree always fills its budget: what size pays is the caller's choice (the verification
+  curve), and one definition of the tree keeps replay exact.
 """
 from __future__ import annotations
 
@@ -82,10 +83,9 @@ class ModelDrafter:
     # propose() and guess() sync to whatever context they are given, so they may draft past an
     # unverified draft (SpeculativeStep's overlap) and be rolled back by the next call.
     drafts_ahead = True
-    TREE_ROUND = 32  # frontier nodes decoded per batch while growing a tree
 
     def __init__(self, model: LlamaModel, n_ctx: int = 4096, n_threads: int | None = None,
-                 tree: bool = False, min_confidence: float = 0.4, branch: int = 8, round_size: int = TREE_ROUND,
+                 tree: bool = False, min_confidence: float = 0.4, branch: int = 8, round_size: int | None = None,
                  ctx=None, tree_nodes: int = MAX_TREE_NODES):
         """``ctx``: a context to draft in instead of a new one over ``model`` (tests pass an
         exact fake with the LlamaContext interface)."""
@@ -155,10 +155,9 @@ class ModelDrafter:
             rows = kv.decode([(base, p) for p in paths])
             return [top_children(row, self.branch) for row in rows]
 
-        floor = 2 * np.log(self.min_confidence) if self.min_confidence > 0 else -np.inf
         try:
             found = best_first(top_children(logits, self.branch), expand, budget, self.round_size,
-                               self.ctx.n_seq_max - 1, floor, NAME)
+                               self.ctx.n_seq_max - 1, source=NAME)
         finally:
             kv.release()
         self.last_search = found

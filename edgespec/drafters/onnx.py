@@ -54,7 +54,7 @@ class OnnxDrafter:
     drafts_ahead = True
 
     def __init__(self, lm: OnnxLM, tree: bool = False, min_confidence: float = 0.4, branch: int = 8,
-                 round_size: int = 32):
+                 round_size: int | None = None):
         self.lm = lm
         self.tree = tree
         self.min_confidence = min_confidence
@@ -152,9 +152,8 @@ class OnnxDrafter:
             rows = self.score_tree(context, tokens, parents, range(first, len(tokens)))
             return [top_children(row, self.branch) for row in rows]
 
-        floor = 2 * np.log(self.min_confidence) if self.min_confidence > 0 else -np.inf
         return best_first(top_children(logits, self.branch), expand, budget, self.round_size,
-                          MAX_TREE_NODES, floor, NAME).tree
+                          MAX_TREE_NODES, source=NAME).tree
 
 
 def measure_onnx_token(drafter: OnnxDrafter, repeats: int = 3) -> float:

@@ -5,9 +5,13 @@ the cumulative log-probability of its path from the root. The draft is the exact
 nodes by score (ties: the earlier discovered first). A child never outscores its parent, so the
 top nodes form a tree, and once every node in the current top-``budget`` of the discovered
 nodes has been expanded no undiscovered node can enter it. The search expands in rounds: the
-best ``round_size`` unexpanded nodes of the current top-``budget``, decoded by the caller in one
-batch. ``max_expansions`` bounds the decodes (a drafter needs a sequence id per expansion); when
-it binds, the draft is the top-``budget`` of what was discovered.
+unexpanded nodes of the current top-``budget`` (the best ``round_size`` of them when given),
+decoded by the caller in one batch. A round can reach one level deeper, so a tree of depth d
+takes d rounds, as a chain of d tokens takes d decodes; unbounded rounds expand about
+``budget`` nodes plus the few that later drop out of the top (a bounded round expands shallow
+nodes while a confident chain waits for its next level). ``max_expansions`` bounds the decodes
+(a drafter needs a sequence id per expansion); when it binds, the draft is the top-``budget``
+of what was discovered.
 
 Trees are nested: the first ``b`` nodes of an exact top-``budget`` tree are the exact top-``b``
 tree, so one drafted tree tells what every smaller budget would have accepted (``accepted_by``).
@@ -15,7 +19,6 @@ Pure: ``expand(paths)`` does the decoding; the runtime drafter and the replay re
 """
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +27,7 @@ import numpy as np
 from edgespec.spec.tree import DraftTree
 
 Path = tuple[int, ...]  # tokens from the root's child down to a node
+BAND = float(np.log(0.01))  # a round expands nodes at most 100x less likely than its best one
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,8 @@ class SearchResult:
 
 
 def best_first(root: Children, expand: Callable[[list[Path]], Sequence[Children]], budget: int,
-               round_size: int = 32, max_expansions: int = 255, min_logp: float = -np.inf,
+               round_size: int | None = None, max_expansions: int = 255, min_logp: float = -np.inf,
+               band: float = BAND,
                source: str = "model") -> SearchResult:
     """The top-``budget`` tree under ``root``'s children (see the module docstring); nodes whose
     path log-probability is below ``min_logp`` are never drafted (the tree may be smaller)."""
@@ -76,8 +81,11 @@ def best_first(root: Children, expand: Callable[[list[Path]], Sequence[Children]
     discover(-1, root)
     rounds = expansions = 0
     while True:
-        top = heapq.nsmallest(budget, range(len(paths)), key=lambda i: (-scores[i], i))
-        todo = [i for i in top if not expanded[i]][:min(round_size, max_expansions - expansions)]
+        top = np.lexsort((np.arange(len(scores)), -np.asarray(scores)))[:budget].tolist()
+        todo = [i for i in top if not expanded[i]]
+        if todo:  # the best unexpanded node comes first in ``top``
+            todo = [i for i in todo if scores[i] >= scores[todo[0]] + band]
+        todo = todo[:min(round_size or budget, max_expansions - expansions)]
         if not todo:
             break
         for i, children in zip(todo, expand([paths[i] for i in todo])):

@@ -1,0 +1,123 @@
+"""Exact replay of best-first model trees (edgespec.spec.tree_search), SpecExec-sized.
+
+A greedy step accepts the longest path of the draft that follows the plain output, so what a
+tree of any budget accepts after ``output[:p]`` is a function of the drafter and the plain
+output alone. The recorder runs the drafter's real search (``best_first``, the runtime's code)
+at every position ``p`` for every budget of a menu and keeps, per budget, what the tree accepted
+and what growing it cost (rounds, expansions), plus the node indices of the accepted path in
+the largest tree (what smaller budgets would have accepted: the policy's evidence). Node
+expansions off the plain path are decoded once and shared between positions and budgets
+(``PathKV`` keeps their cells while a later root still lies above them); nodes on the plain path
+are read from one teacher-forced pass. Replay (``TraceTreeDrafter``) then drafts, for the
+budget its policy picks, a tree of that many nodes holding the recorded accepted path, and books
+the recorded rounds on the drafter's batch curve.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.drafters.tree_kv import PathKV
+from edgespec.spec.tree_search import Children, accepted_path, best_first, top_children
+
+log = logging.getLogger(__name__)
+
+TREE_BUDGETS = (3, 7, 15, 31, 63)  # drafted nodes: verification batches of 4 to 64 rows
+BRANCH = 8
+ROUND = None  # every unexpanded node of the current top per round (edgespec.spec.tree_search)
+MAX_EXPANSIONS = 255  # llama.cpp's 256 sequences, less sequence 0
+
+
+@dataclass(frozen=True)
+class TreeTrace:
+    """Per output position q (a tree drafted after ``output[:q]``), per budget k of ``budgets``:
+    accepted nodes, rounds and expansions of the search; ``ranks[q]``: node indices of the
+    accepted path in the tree of the largest budget."""
+
+    budgets: tuple[int, ...]
+    accepted: tuple[tuple[int, ...], ...]
+    rounds: tuple[tuple[int, ...], ...]
+    expansions: tuple[tuple[int, ...], ...]
+    ranks: tuple[tuple[int, ...], ...]
+    branch: int = BRANCH
+    round_size: int | None = ROUND
+    max_expansions: int = MAX_EXPANSIONS
+
+    def to_dict(self) -> dict:
+        return {"budgets": list(self.budgets), "accepted": [list(x) for x in self.accepted],
+                "rounds": [list(x) for x in self.rounds], "expansions": [list(x) for x in self.expansions],
+                "ranks": [list(x) for x in self.ranks], "branch": self.branch, "round_size": self.round_size,
+                "max_expansions": self.max_expansions}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TreeTrace":
+        t = lambda xs: tuple(tuple(x) for x in xs)  # noqa: E731
+        return cls(tuple(d["budgets"]), t(d["accepted"]), t(d["rounds"]), t(d["expansions"]), t(d["ranks"]),
+                   d["branch"], d["round_size"], d["max_expansions"])
+
+
+def _plain_children(ctx, prompt: Sequence[int], output: Sequence[int], branch: int) -> list[Children]:
+    """Sequence 0 := prompt + output; the drafter's children after prompt + output[:q], q = 0..n."""
+    full = list(prompt) + list(output)
+    first = len(prompt) - 1
+    out: list[Children] = []
+    for start in range(0, len(full), ctx.n_batch):
+        chunk = full[start:start + ctx.n_batch]
+        flags = [start + i >= first for i in range(len(chunk))]
+        rows = ctx.decode(chunk, range(start, start + len(chunk)), [[0]] * len(chunk), flags)
+        out += [top_children(row, branch) for row in rows]
+    return out
+
+
+def record_trees(ctx, prompt: Sequence[int], output: Sequence[int], budgets: Sequence[int] = TREE_BUDGETS,
+                 branch: int = BRANCH, round_size: int | None = ROUND, max_expansions: int = MAX_EXPANSIONS) -> TreeTrace:
+    """The TreeTrace of one prompt (``ctx``: the drafter's context, cleared here; it needs
+    ``max_expansions`` + 1 sequences and room for prompt + output + the live off-path cells)."""
+    ctx.clear()
+    plain = _plain_children(ctx, prompt, output, branch)
+    base = len(prompt)
+    kv = PathKV(ctx)
+    cache: dict[tuple[int, tuple[int, ...]], Children] = {}  # off-path node (q, tokens) -> children
+    budgets = tuple(sorted(budgets, reverse=True))
+    rows: list[tuple[list[int], list[int], list[int], tuple[int, ...]]] = []
+    try:
+        for p in range(len(output)):
+            expand = _expander(p, output, plain, cache, kv, base, branch)
+            acc, rnd, exp = {}, {}, {}
+            for b in budgets:
+                found = best_first(plain[p], expand, b, round_size, max_expansions)
+                path = accepted_path(found.tree, output[p:])
+                acc[b], rnd[b], exp[b] = len(path), found.rounds, found.expansions
+                if b == budgets[0]:
+                    ranks = tuple(path)
+            order = sorted(acc)
+            rows.append(([acc[b] for b in order], [rnd[b] for b in order], [exp[b] for b in order], ranks))
+            cache = {k: v for k, v in cache.items() if k[0] > p}
+            kv.release(lambda node, p=p: node[0] <= base + p)
+    finally:
+        kv.release()
+        ctx.clear()
+    return TreeTrace(tuple(sorted(budgets)), *(tuple(tuple(r[i]) for r in rows) for i in range(3)),
+                     tuple(r[3] for r in rows), branch, round_size, max_expansions)
+
+
+def _expander(p: int, output: Sequence[int], plain: list[Children], cache: dict, kv: PathKV, base: int,
+              branch: int):
+    """expand() for trees rooted after output[:p]: plain-path nodes from the teacher-forced pass,
+    off-path nodes from the cache or decoded in one batch."""
+    def expand(paths):
+        keys = []
+        for path in paths:
+            j = 0
+            while j < len(path) and p + j < len(output) and path[j] == output[p + j]:
+                j += 1
+            keys.append(None if j == len(path) else (p + j, tuple(path[j:])))
+        todo = list(dict.fromkeys(k for k in keys if k is not None and k not in cache))
+        if todo:
+            for k, row in zip(todo, kv.decode([(base + q, toks) for q, toks in todo])):
+                cache[k] = top_children(row, branch)
+        return [plain[p + len(path)] if k is None else cache[k] for path, k in zip(paths, keys)]
+    return expand
