@@ -4,17 +4,20 @@ every decoded batch of a real speculative run, for each replayable drafter. Plus
 the chain rule and the cost model. No model files; seconds."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from edgespec.bench import replay as rp
+from edgespec.bench import replay_trees as rt
 from edgespec.bench.summary import PLAIN
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.auto.drafter import AutoDrafter
-from edgespec.drafters.auto.policy import CostModel
+from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.hybrid import HybridDrafter
 from edgespec.drafters.model import MAX_TREE_NODES, ModelDrafter
 from edgespec.drafters.suffix import SuffixDrafter
@@ -31,6 +34,7 @@ UNIT = rp.MachineCosts("unit", ((0, rp.curve({1: 1.0, 2: 2.0})),), drafter=rp.cu
                        policy=CHEAP)
 SETTINGS = rp.ReplaySettings(max_tokens=MAX_TOKENS, draft_max=DRAFT_MAX, n_ctx=N_CTX)
 GREEDY = SamplingParams(temperature=0.0)
+TREE_BUDGETS = (3, 7)  # the menu's sizes within DRAFT_MAX
 MIN_CONFIDENCE = 0.2  # the fake drafter is rarely sure: below the default 0.4 chains run longer
 
 
@@ -55,19 +59,24 @@ def trace(tmp_path_factory) -> rp.Trace:
         output, finish = rp.record_plain(decoder, prompt, MAX_TOKENS)
         big = FakeContext(DRAFT_MODEL, n_ctx=4096, n_seq_max=MAX_TREE_NODES + 1, n_ubatch=64)
         drafter = rp.record_drafter(big, prompt, output, MIN_CONFIDENCE, off_cap=DRAFT_MAX - 1)
-        recorded.append(rp.PromptTrace(f"p{k}", "fake", tuple(prompt), output, finish, drafter))
+        # the fake holds 64 sequences, as the drafter's default context: trees expand at most 63 nodes
+        trees = rt.record_trees(big, prompt, output, budgets=TREE_BUDGETS, max_expansions=MAX_TREE_NODES)
+        recorded.append(rp.PromptTrace(f"p{k}", "fake", tuple(prompt), output, finish, drafter, trees))
     path = tmp_path_factory.mktemp("replay") / "fake.json.gz"
     rp.save_trace(rp.Trace("fake", MAX_TOKENS, tuple(recorded)), path)
     return rp.load_trace(path)
 
 
 def real_run(config: str, prompt: list[int]):
-    """A real speculative run on the fake target; returns (DoneEvent, target ctx, drafter ctx)."""
+    """A real speculative run on the fake target; returns (DoneEvent, target ctx, drafter ctx).
+    Trees are sized by a fresh TreeSizes pricing with CHEAP (UNIT's policy)."""
     target = FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=1 + DRAFT_MAX)
     dctx = drafter_ctx()
-    model = ModelDrafter(DRAFT_MODEL, ctx=dctx, min_confidence=MIN_CONFIDENCE)
-    drafter = {"suffix": lambda: SuffixDrafter(), "model": lambda: model,
+    model = ModelDrafter(DRAFT_MODEL, ctx=dctx, min_confidence=MIN_CONFIDENCE, tree=config.endswith("-tree"))
+    model.cost = CHEAP if model.tree else None
+    drafter = {"suffix": lambda: SuffixDrafter(), "model": lambda: model, "model-tree": lambda: model,
                "hybrid": lambda: HybridDrafter(SuffixDrafter(), model),
+               "hybrid-tree": lambda: HybridDrafter(SuffixDrafter(), model),
                "auto": lambda: AutoDrafter(SuffixDrafter(), CHEAP, model=model)}[config]()
     decoder = Decoder(TARGET, KVSequence(target), SpeculativeStep(drafter, DRAFT_MAX))
     done = decoder.generate(prompt, GenerationRequest(max_tokens=MAX_TOKENS, sampling=GREEDY))
@@ -84,17 +93,23 @@ def test_trace_records_plain_output_and_both_endings(trace):
     assert sum(bool(r) for p in trace.prompts for r in p.drafter.off_run) > 10  # off-path runs recorded
 
 
-@pytest.mark.parametrize("config", ["suffix", "model", "hybrid", "auto"])
+@pytest.mark.parametrize("config", ["suffix", "model", "hybrid", "auto", "model-tree", "hybrid-tree"])
 def test_replay_predicts_every_step_and_batch_of_a_real_run(trace, config):
-    """Same output, steps, drafted, accepted, per-drafter split, and the same decoded rows."""
+    """Same output, steps, drafted, accepted, per-drafter split, and the same decoded rows
+    (trees: the same sizes chosen, so the same rows verified and the same drafter decodes)."""
     total_accepted = 0
     for p in trace.prompts:
         done, target, dctx = real_run(config, list(p.prompt))
-        replayed, ledger = rp.run_replay(p, config, UNIT, SETTINGS)
+        replayed, ledger = rp.run_replay(p, config, UNIT, SETTINGS, sizes=TreeSizes(rt.TREE_BUDGETS))
         assert replayed.token_ids == done.token_ids
         real, sim = done.stats.spec, replayed.stats.spec
-        assert (sim.steps, sim.drafted, sim.accepted) == (real.steps, real.drafted, real.accepted)
-        assert {k: vars(v) for k, v in sim.by_drafter.items()} == {k: vars(v) for k, v in real.by_drafter.items()}
+        # A tree may hold the EOG token and tokens after it: the real step counts those as
+        # accepted (the answer ends at the EOG); the trace knows nothing past the answer.
+        past_eog = real.accepted - sim.accepted
+        assert past_eog == 0 or (p.finish == "stop" and config.endswith("-tree") and 0 < past_eog < DRAFT_MAX)
+        assert (sim.steps, sim.drafted) == (real.steps, real.drafted)
+        if not past_eog:
+            assert {k: vars(v) for k, v in sim.by_drafter.items()} == {k: vars(v) for k, v in real.by_drafter.items()}
         assert ledger.target_rows == target.rows_evaluated - len(p.prompt)  # prefill not booked
         assert (ledger.drafter_rows, ledger.drafter_decodes) == (dctx.rows_evaluated, dctx.decodes)
         total_accepted += real.accepted
@@ -161,7 +176,10 @@ def test_settings_the_trace_cannot_answer_are_refused(trace):
     with pytest.raises(ValueError, match="draft_max"):
         rp.replay(trace, ["model"], UNIT, rp.ReplaySettings(max_tokens=MAX_TOKENS, draft_max=DRAFT_MAX + 1))
     with pytest.raises(ValueError, match="cannot be replayed"):
-        rp.replay_prompt(trace.prompts[0], "model-tree", UNIT, SETTINGS)
+        rp.replay_prompt(trace.prompts[0], "ngram", UNIT, SETTINGS)
+    with pytest.raises(ValueError, match="tree records up to"):
+        rp.check_settings(rp.Trace("t", MAX_TOKENS, (dataclasses.replace(trace.prompts[0], trees=None),)),
+                          SETTINGS, ["model-tree"])
 
 
 def test_replay_is_bench_ordered_and_summarizes_like_the_bench(trace):

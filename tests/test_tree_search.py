@@ -97,7 +97,7 @@ def test_the_model_drafter_drafts_the_search_tree_and_leaves_only_its_context():
     ctx = FakeContext(MODEL, n_ctx=512, n_seq_max=64, n_ubatch=64)
     drafter = ModelDrafter(MODEL, tree=True, min_confidence=0.0, ctx=ctx, branch=4)
     drafter.begin(CONTEXT)
-    tree = drafter.propose(CONTEXT, 30)
-    want = sorted(path for _, path in brute_force_top(30))
+    tree = drafter.propose(CONTEXT, 40)  # the largest size of the menu within 40
+    want = sorted(path for _, path in brute_force_top(31))
     assert sorted(tuple(int(tree.tokens[i]) for i in tree.path_to(k)) for k in range(len(tree))) == want
     assert ctx.cells(0) == list(enumerate(CONTEXT)) and ctx.used_cells == len(CONTEXT)

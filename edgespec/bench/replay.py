@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.bench.replay_trees import TreeTrace
 from edgespec.bench.summary import PLAIN, Record, summarize
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
@@ -42,8 +41,9 @@ from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.tokens import common_prefix
 from edgespec.drafters.auto.drafter import AutoDrafter
-from edgespec.drafters.auto.policy import CostModel
+from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.hybrid import HybridDrafter
+from edgespec.drafters.model import TREE_SIZES
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
@@ -54,7 +54,9 @@ VERSION = 1
 OFF_PATH = -1  # token id standing for a drafted token off the plain path (never accepted)
 # "model-overlap": the model drafter drafting ahead while the target verifies (SpeculativeStep's
 # overlap), the drafting booked only where it outlasts the verification. "model-tree" is not replayed.
-CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto", "model-overlap")
+# "-tree": the model drafter drafting best-first trees sized by TreeSizes (edgespec.bench.replay_trees).
+CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto", "model-overlap", "model-tree", "hybrid-tree")
+TREE = "-tree"
 OVERLAP = "-overlap"
 N_BATCH = 512  # prompt / sync chunks (ContextParams.n_batch)
 
@@ -97,7 +99,7 @@ class PromptTrace:
     output: tuple[int, ...]  # plain greedy output; ends with the EOG token when finish == "stop"
     finish: str  # "stop" (EOG) | "length"
     drafter: DrafterTrace | None = None
-    trees: TreeTrace | None = None  # best-first model trees (edgespec.bench.replay_trees)
+    trees: "TreeTrace | None" = None  # noqa: F821 (edgespec.bench.replay_trees) best-first model trees (edgespec.bench.replay_trees)
 
     @property
     def eog(self) -> int | None:
@@ -135,6 +137,8 @@ def _prompt_from_dict(d: dict) -> PromptTrace:
         tuple(tuple(x) for x in t["top_ids"]), tuple(tuple(x) for x in t["top_logprobs"]),
         tuple(t["plain_logprob"]), tuple(bool(c) for c in t["confident"]), tuple(t["off_run"]),
         t["min_confidence"], t["off_cap"])
+    from edgespec.bench.replay_trees import TreeTrace
+
     trees = TreeTrace.from_dict(d["trees"]) if "trees" in d else None
     return PromptTrace(d["id"], d["category"], tuple(d["prompt"]), tuple(d["output"]), d["finish"], drafter, trees)
 
@@ -440,10 +444,16 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: MachineCosts,
-                 settings: ReplaySettings, cache: list[int] | None = None):
-    """A fresh drafter for one (prompt, config), as the bench builds one per run."""
+                 settings: ReplaySettings, cache: list[int] | None = None, sizes=None):
+    """A fresh drafter for one (prompt, config), as the bench builds one per run; ``sizes``: the
+    tree-size policy (TreeSizes) the shared drafter model carries between runs."""
     if config == "suffix":
         return SuffixDrafter()
+    if config.endswith(TREE):
+        from edgespec.bench.replay_trees import TraceTreeDrafter
+
+        model = TraceTreeDrafter(trace, ledger, settings.n_ctx, cache, sizes, costs.policy_model())
+        return model if config == "model" + TREE else HybridDrafter(SuffixDrafter(), model)
     has_model = trace.drafter is not None and (config != "auto" or costs.drafter is not None)
     model = TraceChainDrafter(trace, ledger, settings.n_ctx, cache) if has_model else None
     if config in ("model", "model" + OVERLAP) and model is not None:
@@ -456,7 +466,7 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
 
 
 def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
-               cache: list[int] | None = None) -> tuple[DoneEvent, Ledger]:
+               cache: list[int] | None = None, sizes=None) -> tuple[DoneEvent, Ledger]:
     """Runs the real request loop for one (prompt, config) over the trace: its DoneEvent (token
     ids, SpecStats) and the ledger of booked decodes.
 
@@ -466,7 +476,7 @@ def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: R
     ledger = Ledger(costs)
     seq = TraceSequence(trace, ledger, settings.n_ctx, settings.draft_max)
     step = None if config == PLAIN else SpeculativeStep(
-        make_drafter(config, trace, ledger, costs, settings, cache), settings.draft_max,
+        make_drafter(config, trace, ledger, costs, settings, cache, sizes), settings.draft_max,
         overlap=config.endswith(OVERLAP))
     done = Decoder(TraceModel(trace), seq, step).generate(
         list(trace.prompt), GenerationRequest(max_tokens=settings.max_tokens, sampling=GREEDY))
@@ -476,9 +486,9 @@ def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: R
 
 
 def replay_prompt(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
-                  cache: list[int] | None = None) -> Record:
+                  cache: list[int] | None = None, sizes=None) -> Record:
     """Replays one prompt under one configuration: a bench Record with simulated seconds."""
-    done, ledger = run_replay(trace, config, costs, settings, cache)
+    done, ledger = run_replay(trace, config, costs, settings, cache, sizes)
     n = len(done.token_ids)
     spec = done.stats.spec
     steps = spec.steps if spec is not None else max(n - 1, 0)
@@ -489,30 +499,37 @@ def replay_prompt(trace: PromptTrace, config: str, costs: MachineCosts, settings
                   gen_tokens=max(n - 1, 0), same_as_plain=True)
 
 
-def check_settings(trace: Trace, settings: ReplaySettings) -> None:
-    """Refuses settings the trace cannot answer for."""
+def check_settings(trace: Trace, settings: ReplaySettings, configs: Sequence[str] = ("model",)) -> None:
+    """Refuses settings the trace cannot answer for (chains: ``draft_max`` within the recorded
+    off-path runs; trees: every position up to ``max_tokens`` recorded)."""
     if settings.max_tokens > trace.max_tokens:
         raise ValueError(f"trace recorded {trace.max_tokens} tokens per prompt; max_tokens {settings.max_tokens} "
                          "needs a longer recording")
+    chains = [c for c in configs if c not in (PLAIN, "suffix") and not c.endswith(TREE)]
     caps = {p.drafter.off_cap for p in trace.prompts if p.drafter is not None}
-    if caps and settings.draft_max > min(caps) + 1:
+    if chains and caps and settings.draft_max > min(caps) + 1:
         raise ValueError(f"draft_max {settings.draft_max} exceeds the recorded chains ({min(caps) + 1} tokens)")
+    if any(c.endswith(TREE) for c in configs):
+        for p in trace.prompts:
+            if p.trees is None or len(p.trees.accepted) < min(len(p.output), settings.max_tokens) - 1:
+                raise ValueError(f"trace {p.id} has no tree records up to {settings.max_tokens} tokens")
 
 
 def replay(trace: Trace, configs: Sequence[str], costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
            ids: Sequence[str] | None = None) -> list[Record]:
     """Every (prompt, config) in the bench's interleaved order (plain first), one shared
     drafter cache; ``ids`` restricts the prompts. Summarize with edgespec.bench.summary."""
-    check_settings(trace, settings)
+    check_settings(trace, settings, configs)
     configs = [PLAIN] + [c for c in dict.fromkeys(configs) if c != PLAIN]
     wanted = None if ids is None else set(ids)
     cache: list[int] = []
+    sizes = TreeSizes(TREE_SIZES)  # one drafter model, one tree policy, as the bench shares them
     records = []
     for p in trace.prompts:
         if wanted is not None and p.id not in wanted:
             continue
         for config in configs:
-            records.append(replay_prompt(p, config, costs, settings, cache))
+            records.append(replay_prompt(p, config, costs, settings, cache, sizes))
     log.info("replayed %d runs of %s on %s", len(records), trace.suite, costs.name)
     return records
 

@@ -20,12 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.bench.replay import OFF_PATH, Ledger, PromptTrace, TraceChainDrafter
+from edgespec.drafters.auto.policy import CostModel, TreeSizes
+from edgespec.drafters.model import TREE_SIZES
 from edgespec.drafters.tree_kv import PathKV
-from edgespec.spec.tree_search import Children, accepted_path, best_first, top_children
+from edgespec.spec.tree import DraftTree
+from edgespec.spec.tree_search import Children, accepted_by, accepted_path, best_first, top_children
 
 log = logging.getLogger(__name__)
 
-TREE_BUDGETS = (3, 7, 15, 31, 63)  # drafted nodes: verification batches of 4 to 64 rows
+TREE_BUDGETS = TREE_SIZES  # drafted nodes: verification batches of 4 to 64 rows
 BRANCH = 8
 ROUND = None  # every unexpanded node of the current top per round (edgespec.spec.tree_search)
 MAX_EXPANSIONS = 255  # llama.cpp's 256 sequences, less sequence 0
@@ -121,3 +125,52 @@ def _expander(p: int, output: Sequence[int], plain: list[Children], cache: dict,
                 cache[k] = top_children(row, branch)
         return [plain[p + len(path)] if k is None else cache[k] for path, k in zip(paths, keys)]
     return expand
+
+
+class TraceTreeDrafter(TraceChainDrafter):
+    """The `model` drafter drafting best-first trees, read from a TreeTrace.
+
+    Its tree of the chosen size holds the recorded accepted path (at the nodes' recorded
+    places in the largest tree, so the size policy learns what every smaller size would have
+    accepted, as ModelDrafter does) and off-path nodes for the rest; the search's recorded
+    rounds are booked as drafter batches sharing the recorded expansions.
+    """
+
+    def __init__(self, trace: PromptTrace, ledger: Ledger, n_ctx: int, cache: list[int] | None = None,
+                 sizes: TreeSizes | None = None, cost: CostModel | None = None):
+        if trace.trees is None:
+            raise ValueError(f"trace {trace.id} has no tree records")
+        super().__init__(trace, ledger, n_ctx, cache)
+        self.sizes, self.cost = sizes if sizes is not None else TreeSizes(TREE_SIZES), cost
+        self._verifying: DraftTree | None = None
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        t = self.trace.trees
+        q = len(context) - len(self.trace.prompt)
+        size = self.sizes.size(budget, self.cost)
+        if size <= 0 or q >= len(t.accepted) or len(context) + MAX_EXPANSIONS + 1 >= self.n_ctx:
+            return DraftTree.empty(self.name)
+        self._sync(context)
+        k = t.budgets.index(size)
+        rounds, expansions = t.rounds[q][k], t.expansions[q][k]
+        for r in range(rounds):
+            self.ledger.drafter(expansions // rounds + (r < expansions % rounds))
+        self.sizes.searched(size, rounds)
+        self._verifying = self._tree(q, size, t.accepted[q][k], t.ranks[q])
+        return self._verifying
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        tree, self._verifying = self._verifying, None
+        if tree is not None:
+            self.sizes.update(accepted_by(accepted_path(tree, emitted), [b for b in self.sizes.sizes if b <= len(tree)]))
+
+    def _tree(self, q: int, size: int, accepted: int, ranks: Sequence[int]) -> DraftTree:
+        places = list(ranks[:accepted])
+        if len(places) < accepted or (places and places[-1] >= size):  # not nested here: keep the count
+            places = list(range(accepted))
+        tokens = [OFF_PATH] * size
+        parents = [-1] * size
+        for d, node in enumerate(places):
+            tokens[node] = self.trace.output[q + d]
+            parents[node] = places[d - 1] if d else -1
+        return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=self.name)

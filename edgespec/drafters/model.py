@@ -24,15 +24,17 @@ import numpy as np
 
 from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, sample_from, target_probs
 from edgespec.decode.sequence import KVSequence
+from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
 from edgespec.spec.tree import DraftTree
-from edgespec.spec.tree_search import best_first, top_children
+from edgespec.spec.tree_search import accepted_by, accepted_path, best_first, top_children
 
 log = logging.getLogger(__name__)
 
 NAME = "model"
 MAX_TREE_NODES = 63  # default tree size: each expanded node may need a sequence id while drafting
+TREE_SIZES = (3, 7, 15, 31, 63)  # the sizes a tree policy chooses from (edgespec.drafters.auto.policy.TreeSizes)
 SEQ_LIMIT = 256  # llama.cpp's LLAMA_MAX_SEQ
 
 
@@ -96,6 +98,11 @@ class ModelDrafter:
         self.round_size = round_size
         self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads, tree_nodes))
         self.last_search = None  # the last tree's SearchResult (rounds, expansions)
+        # Trees take the largest size of the menu within the step's budget, or, with a cost
+        # model, the size that pays from what trees accepted so far.
+        self.sizes = TreeSizes(TREE_SIZES)
+        self.cost: CostModel | None = None
+        self._verifying: DraftTree | None = None
         self.seq = KVSequence(self.ctx)
         self.params = SamplingParams(temperature=0.0)
         self.rng = np.random.default_rng()
@@ -114,7 +121,10 @@ class ModelDrafter:
         self.rng = rng if rng is not None else np.random.default_rng()
 
     def observe(self, emitted: Sequence[int]) -> None:
-        pass  # the next propose() syncs the cache from the context it is given
+        """Learns what the last tree accepted (the next propose() syncs the cache itself)."""
+        tree, self._verifying = self._verifying, None
+        if tree is not None:
+            self.sizes.update(accepted_by(accepted_path(tree, emitted), [b for b in self.sizes.sizes if b <= len(tree)]))
 
     def end(self) -> None:
         pass  # the cache stays: the next request (chat turn) reuses its common prefix
@@ -130,12 +140,14 @@ class ModelDrafter:
     # -- drafting -----------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         tree = self.tree and self.params.greedy
+        if tree:  # sized before syncing: a step that drafts nothing decodes nothing
+            budget = self.sizes.size(min(budget, self.ctx.n_seq_max - 1), self.cost)
         room = self.ctx.n_seq_max if tree else budget + 1  # a tree's cells: one per expanded node
         if budget <= 0 or len(context) + room >= self.ctx.n_ctx:
             return DraftTree.empty(NAME)
         logits, _ = self.seq.sync(context)
         if tree:
-            return self._tree(context, logits, min(budget, self.ctx.n_seq_max - 1))
+            return self._tree(context, logits, budget)
         return self._chain(context, logits, budget)
 
     def guess(self, context: Sequence[int]) -> int:
@@ -160,5 +172,6 @@ class ModelDrafter:
                                self.ctx.n_seq_max - 1, source=NAME)
         finally:
             kv.release()
-        self.last_search = found
+        self.last_search, self._verifying = found, found.tree
+        self.sizes.searched(budget, found.rounds)
         return found.tree

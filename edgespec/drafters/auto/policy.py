@@ -198,3 +198,53 @@ class TreeDepthCalibration:
             if hit is None:
                 break
             node = hit
+
+
+class TreeSizes:
+    """Which size of best-first model tree pays (edgespec.spec.tree_search), learned per size.
+
+    Trees are nested, so every verified tree tells what each smaller size would have accepted
+    (``update``: accepted tokens by size); a size never seen is assumed to accept all it drafts
+    until tried. Drafting a tree costs about one drafter decode per level (a round), learned
+    per size from the searches run. ``choose`` maximises expected emitted tokens per second over
+    the sizes the caller allows, against a plain step; every ``probe_every`` steps it drafts the
+    largest allowed size, so sizes the policy stopped choosing keep being measured.
+    """
+
+    def __init__(self, sizes: Sequence[int], decay: float = 0.8, probe_every: int = 16):
+        self.sizes = tuple(sorted(sizes))
+        self.decay, self.probe_every = decay, probe_every
+        self.accepted = {b: RatioEstimate(float(b), weight=1.0, decay=decay) for b in self.sizes}
+        self.rounds = {b: RatioEstimate(float(b), weight=1.0, decay=decay) for b in self.sizes}
+        self.steps = 0
+
+    def update(self, accepted_by: dict[int, int]) -> None:
+        for b, a in accepted_by.items():
+            if b in self.accepted:
+                self.accepted[b].update(float(a), 1.0)
+
+    def searched(self, size: int, rounds: int) -> None:
+        if size in self.rounds:
+            self.rounds[size].update(float(rounds), 1.0)
+
+    def size(self, limit: int, cost: CostModel | None = None) -> int:
+        """The tree size for a step allowing ``limit`` nodes: the policy's choice with a cost
+        model, else the largest size within the limit (0: none fits, or a plain step pays more)."""
+        if cost is None:
+            return max([b for b in self.sizes if b <= limit], default=0)
+        return self.choose(cost, limit)
+
+    def choose(self, cost: CostModel, limit: int, margin: float = MARGIN) -> int:
+        """The tree size to draft (0: a plain step pays more)."""
+        allowed = [b for b in self.sizes if b <= limit]
+        if not allowed:
+            return 0
+        self.steps += 1
+        if self.steps % self.probe_every == 1:
+            return allowed[-1]
+        best, best_rate = 0, (1.0 + margin) / cost.verify(1)
+        for b in allowed:
+            rate = (1.0 + self.accepted[b].value) / (cost.verify(b + 1) + self.rounds[b].value * cost.draft_token_s)
+            if rate > best_rate:
+                best, best_rate = b, rate
+        return best
