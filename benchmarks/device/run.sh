@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap gputests offload numpy diag
+#   overlap trees gputests offload numpy diag
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -93,6 +93,10 @@ stage_modes() {  # the engine end to end in each placement mode
 
 stage_overlap() {  # drafting beside verification: micro timings per placement, then end to end
     run 60 python3 benchmarks/device/overlap.py "$W/models" "$W/results/engine-overlap.json"
+}
+
+stage_trees() {  # best-first model-tree steps: the search's costs, then the engine per placement
+    run 60 python3 benchmarks/device/tree_steps.py "$W/models" "$W/results/engine-trees.json"
 }
 
 stage_gputests() {  # tests marked gpu, on the clones

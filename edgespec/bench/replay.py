@@ -519,15 +519,14 @@ def replay(trace: Trace, configs: Sequence[str], costs: MachineCosts, settings: 
            ids: Sequence[str] | None = None) -> list[Record]:
     """Every (prompt, config) in the bench's interleaved order (plain first), one shared
     drafter cache; ``ids`` restricts the prompts. Summarize with edgespec.bench.summary."""
-    check_settings(trace, settings, configs)
-    configs = [PLAIN] + [c for c in dict.fromkeys(configs) if c != PLAIN]
     wanted = None if ids is None else set(ids)
+    chosen = tuple(p for p in trace.prompts if wanted is None or p.id in wanted)
+    check_settings(Trace(trace.suite, trace.max_tokens, chosen), settings, configs)
+    configs = [PLAIN] + [c for c in dict.fromkeys(configs) if c != PLAIN]
     cache: list[int] = []
     sizes = TreeSizes(TREE_SIZES)  # one drafter model, one tree policy, as the bench shares them
     records = []
-    for p in trace.prompts:
-        if wanted is not None and p.id not in wanted:
-            continue
+    for p in chosen:
         for config in configs:
             records.append(replay_prompt(p, config, costs, settings, cache, sizes))
     log.info("replayed %d runs of %s on %s", len(records), trace.suite, costs.name)
