@@ -90,3 +90,18 @@ def test_match_length_classes():
 
     assert [match_class(n) for n in (0, 1, 3, 4, 11, 12, 31)] == [1, 1, 1, 4, 4, 12, 12]
     assert match_class(0) in MATCH_CLASSES
+
+
+def test_tree_sizes_probe_the_largest_then_pick_what_pays_and_fall_back_to_plain():
+    from edgespec.drafters.auto.policy import TreeSizes
+
+    flat = CostModel((1, 8, 64), (1.0, 2.0, 2.5), draft_token_s=0.001)  # op offload: big batches cost alike
+    sizes = TreeSizes((3, 7, 15, 31, 63), probe_every=4)
+    assert sizes.size(40) == 31 and sizes.size(2) == 0  # no cost model: the largest size allowed
+    assert sizes.choose(flat, 63) == 63  # unseen sizes are assumed to accept all they draft
+    for _ in range(6):  # a 63-node tree accepted 5 tokens, and would have at each smaller size
+        sizes.update({3: 3, 7: 5, 15: 5, 31: 5, 63: 5})
+        sizes.searched(63, 10)
+    assert sizes.choose(flat, 63) == 7  # 6 tokens for 2.0 + rounds, the cheapest size that gets them
+    steep = CostModel((1, 8, 64), (1.0, 8.0, 64.0), draft_token_s=0.001)  # every row costs a step
+    assert [sizes.choose(steep, 63) for _ in range(3)] == [0, 0, 63]  # plain pays; the 4th step probes

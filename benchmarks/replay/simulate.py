@@ -69,12 +69,17 @@ def main() -> None:
     ap.add_argument("--draft-max", type=int, default=32)
     ap.add_argument("--step-ms", type=float, default=None,
                     help="Python-side milliseconds per step on top of the decodes (default: the cost file's)")
+    ap.add_argument("--node-ms", type=float, default=None,
+                    help="Python-side milliseconds per tree node expanded (0.59 on the H200 machine's CPU, "
+                         "benchmarks/device/results/engine-trees.json)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     costs = load_costs(args.costs)
     if args.step_ms is not None:
         costs = replace(costs, step_s=args.step_ms * 1e-3)
+    if args.node_ms is not None:
+        costs = replace(costs, node_s=args.node_ms * 1e-3)
     settings = rp.ReplaySettings(max_tokens=args.max_tokens, draft_max=args.draft_max)
     out = {}
     for trace in load_traces(args.traces):

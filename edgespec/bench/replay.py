@@ -170,7 +170,8 @@ class MachineCosts:
     the drafter model's batch curve (its n = 1 entry is the cost of one drafted token).
     ``policy``: the CostModel the auto drafter decides with (its calibration on that machine);
     default: the target curve nearest 512 tokens of context and the drafter's one-token cost.
-    ``step_s``: Python-side seconds every step adds beyond its decodes.
+    ``step_s``: Python-side seconds every step adds beyond its decodes; ``node_s``: Python-side
+    seconds per tree node a best-first search expands (its children's log-probabilities).
     """
 
     name: str
@@ -178,6 +179,7 @@ class MachineCosts:
     drafter: CostModel | None = None
     policy: CostModel | None = None
     step_s: float = 0.0
+    node_s: float = 0.0
 
     def verify(self, n: int, depth: int) -> float:
         depths = [d for d, _ in self.target]
@@ -224,8 +226,9 @@ class Ledger:
         self.target_rows += n
         self.target_decodes += 1
 
-    def drafter(self, n: int) -> None:
-        self.drafter_s += self.costs.draft(n)
+    def drafter(self, n: int, expanded: int = 0) -> None:
+        """A drafter decode of ``n`` rows; ``expanded``: tree nodes whose children it priced."""
+        self.drafter_s += self.costs.draft(n) + expanded * self.costs.node_s
         self.drafter_rows += n
         self.drafter_decodes += 1
 

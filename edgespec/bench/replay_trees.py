@@ -154,7 +154,8 @@ class TraceTreeDrafter(TraceChainDrafter):
         k = t.budgets.index(size)
         rounds, expansions = t.rounds[q][k], t.expansions[q][k]
         for r in range(rounds):
-            self.ledger.drafter(expansions // rounds + (r < expansions % rounds))
+            n = expansions // rounds + (r < expansions % rounds)
+            self.ledger.drafter(n, expanded=n)
         self.sizes.searched(size, rounds)
         self._verifying = self._tree(q, size, t.accepted[q][k], t.ranks[q])
         return self._verifying

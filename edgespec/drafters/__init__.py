@@ -169,7 +169,22 @@ def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target
             model = _hybrid_model(cfg, target, store, path)
         elif path is not None:
             model = load_model_drafter(target, path, cfg)
+    if cfg.tree and target_ctx is not None and hasattr(model, "sizes"):
+        model.cost = cached_tree_costs(target_ctx, model, store.home, cfg.calibration_tag)
     return _BUILDERS[kind.name](cfg, model, suffix, target_ctx, store)
+
+
+def cached_tree_costs(target_ctx, model, home: Path, tag: str = ""):
+    """The costs a model drafter sizes its trees by (edgespec.drafters.auto.policy.TreeSizes):
+    this placement's calibration when `auto` already made it, else None (trees of the largest
+    size the step allows); loading never waits for a calibration."""
+    from dataclasses import replace as with_field
+
+    from edgespec.drafters.auto.calibrate import cached_draft_cost, cached_verify, context_key
+
+    verify = cached_verify(home, context_key(target_ctx, tag))
+    draft = cached_draft_cost(home, context_key(model.ctx)) if verify is not None else None
+    return with_field(verify, draft_token_s=draft) if draft is not None else None
 
 
 def _hybrid_model(cfg: DraftConfig, target: LlamaModel, store: ModelStore, path: Path):

@@ -54,7 +54,10 @@ class OnnxDrafter:
     drafts_ahead = True
 
     def __init__(self, lm: OnnxLM, tree: bool = False, min_confidence: float = 0.4, branch: int = 8,
-                 round_size: int | None = None):
+                 round_size: int | None = 4):
+        """``round_size``: tree nodes scored per pass; the planner counts the arena for that many
+        rows (edgespec.memory.footprint.ONNX_TREE_ROWS). The tree is the same for any round size
+        (edgespec.spec.tree_search); only the number of passes changes."""
         self.lm = lm
         self.tree = tree
         self.min_confidence = min_confidence

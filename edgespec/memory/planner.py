@@ -228,7 +228,7 @@ class _Planner:
     def _drafter_ctx(self, cfg: _Cfg) -> ContextFootprint:
         """The context ModelDrafter declares it builds (its own cache type and micro-batch)."""
         p = ModelDrafter.context_params(cfg.n_ctx)
-        rows = ModelDrafter.TREE_ROUND if self.draft_tree else 1
+        rows = p.n_seq_max - 1 if self.draft_tree else 1  # a tree round decodes a row per free sequence at most
         return estimate_context(self.d, p.n_ctx, p.n_ubatch, p.n_seq_max, p.kv_type,
                                 resolved_flash_attn(p.flash_attn), n_batch=p.n_batch, n_outputs=rows)
 

@@ -214,18 +214,22 @@ class TreeSizes:
     def __init__(self, sizes: Sequence[int], decay: float = 0.8, probe_every: int = 16):
         self.sizes = tuple(sorted(sizes))
         self.decay, self.probe_every = decay, probe_every
-        self.accepted = {b: RatioEstimate(float(b), weight=1.0, decay=decay) for b in self.sizes}
-        self.rounds = {b: RatioEstimate(float(b), weight=1.0, decay=decay) for b in self.sizes}
+        self.accepted: dict[int, float] = {}  # size -> moving average of accepted tokens
+        self.rounds: dict[int, float] = {}  # size -> moving average of search rounds
         self.steps = 0
+
+    def _average(self, table: dict[int, float], size: int, value: float) -> None:
+        old = table.get(size)
+        table[size] = value if old is None else self.decay * old + (1 - self.decay) * value
 
     def update(self, accepted_by: dict[int, int]) -> None:
         for b, a in accepted_by.items():
-            if b in self.accepted:
-                self.accepted[b].update(float(a), 1.0)
+            if b in self.sizes:
+                self._average(self.accepted, b, float(a))
 
     def searched(self, size: int, rounds: int) -> None:
-        if size in self.rounds:
-            self.rounds[size].update(float(rounds), 1.0)
+        if size in self.sizes:
+            self._average(self.rounds, size, float(rounds))
 
     def size(self, limit: int, cost: CostModel | None = None) -> int:
         """The tree size for a step allowing ``limit`` nodes: the policy's choice with a cost
@@ -244,7 +248,7 @@ class TreeSizes:
             return allowed[-1]
         best, best_rate = 0, (1.0 + margin) / cost.verify(1)
         for b in allowed:
-            rate = (1.0 + self.accepted[b].value) / (cost.verify(b + 1) + self.rounds[b].value * cost.draft_token_s)
+            rate = (1.0 + self.accepted.get(b, b)) / (cost.verify(b + 1) + self.rounds.get(b, b) * cost.draft_token_s)
             if rate > best_rate:
                 best, best_rate = b, rate
         return best
