@@ -75,7 +75,7 @@ def plan(
                             help="Context size in tokens (default: 4096, reduced to fit)."),
     kv_type: str = typer.Option(None, "--kv-type", help="Force the KV cache type: f16 | q8_0 | q4_0."),
     draft_max: int = typer.Option(32, "--draft-max", min=1, max=64, help="Most drafted tokens per step."),
-    draft_tree: bool = typer.Option(False, "--draft-tree", help="Model drafter drafts trees (64 sequences)."),
+    draft_tree: bool = typer.Option(False, "--draft-tree", help="Model drafter drafts best-first trees (up to 63 nodes, 64 sequences)."),
     mlock: bool = typer.Option(False, "--mlock", help="Lock the weights in RAM if the system allows it."),
     threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
     onnx_provider: str = c.ONNX_PROVIDER,

@@ -44,7 +44,7 @@ from edgespec.drafters.auto.drafter import AutoDrafter
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.hybrid import HybridDrafter
 from edgespec.drafters.model import TREE_SIZES
-from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.drafters import suffix_drafter
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
 
@@ -451,20 +451,20 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
     """A fresh drafter for one (prompt, config), as the bench builds one per run; ``sizes``: the
     tree-size policy (TreeSizes) the shared drafter model carries between runs."""
     if config == "suffix":
-        return SuffixDrafter()
+        return suffix_drafter(settings.draft_max)
     if config.endswith(TREE):
         from edgespec.bench.replay_trees import TraceTreeDrafter
 
         model = TraceTreeDrafter(trace, ledger, settings.n_ctx, cache, sizes, costs.policy_model())
-        return model if config == "model" + TREE else HybridDrafter(SuffixDrafter(), model)
+        return model if config == "model" + TREE else HybridDrafter(suffix_drafter(settings.draft_max), model)
     has_model = trace.drafter is not None and (config != "auto" or costs.drafter is not None)
     model = TraceChainDrafter(trace, ledger, settings.n_ctx, cache) if has_model else None
     if config in ("model", "model" + OVERLAP) and model is not None:
         return model
     if config == "hybrid" and model is not None:
-        return HybridDrafter(SuffixDrafter(), model)
+        return HybridDrafter(suffix_drafter(settings.draft_max), model)
     if config == "auto":
-        return AutoDrafter(SuffixDrafter(), costs.policy_model(), model=model)
+        return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model)
     raise ValueError(f"config {config!r} cannot be replayed from trace {trace.id} (replayable: {CONFIGS})")
 
 
