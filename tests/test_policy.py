@@ -1,6 +1,7 @@
 """The adaptive policy's pure decisions and estimators."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from edgespec.drafters.auto.policy import (CostModel, DepthAcceptance, RatioEstimate, TreeDepthCalibration, best_chain_length,
@@ -94,14 +95,20 @@ def test_match_length_classes():
 
 def test_tree_sizes_probe_the_largest_then_pick_what_pays_and_fall_back_to_plain():
     from edgespec.drafters.auto.policy import TreeSizes
+    from edgespec.spec.tree import DraftTree
 
     flat = CostModel((1, 8, 64), (1.0, 2.0, 2.5), draft_token_s=0.001)  # op offload: big batches cost alike
     sizes = TreeSizes((3, 7, 15, 31, 63), probe_every=4)
     assert sizes.size(40) == 31 and sizes.size(2) == 0  # no cost model: the largest size allowed
     assert sizes.choose(flat, 63) == 63  # unseen sizes are assumed to accept all they draft
-    for _ in range(6):  # a 63-node tree accepted 5 tokens, and would have at each smaller size
-        sizes.update({3: 3, 7: 5, 15: 5, 31: 5, 63: 5})
-        sizes.searched(63, 10)
-    assert sizes.choose(flat, 63) == 7  # 6 tokens for 2.0 + rounds, the cheapest size that gets them
+    # a 63-node tree whose nodes 0, 1, 5, 9, 40 spell the answer: every size learns its share
+    parents = [-1, 0] + [-1] * 3 + [1] + [-1] * 3 + [5] + [-1] * 30 + [9] + [-1] * 22
+    tokens = [10, 11] + [0] * 3 + [12] + [0] * 3 + [13] + [0] * 30 + [14] + [0] * 22
+    tree = DraftTree(np.asarray(tokens), np.asarray(parents))
+    for _ in range(6):
+        sizes.learn(tree, [10, 11, 12, 13, 14, 99])
+        sizes.searched(63, 0.3)
+    assert sizes.accepted == pytest.approx({3: 2, 7: 3, 15: 4, 31: 4, 63: 5})
+    assert sizes.choose(flat, 63) == 15  # 5 tokens for 2.0 + a node-priced search: the size that pays
     steep = CostModel((1, 8, 64), (1.0, 8.0, 64.0), draft_token_s=0.001)  # every row costs a step
     assert [sizes.choose(steep, 63) for _ in range(3)] == [0, 0, 63]  # plain pays; the 4th step probes

@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fake_model import BOS, FakeContext, FakeModel
 
 from edgespec.bench import replay as rp
 from edgespec.bench import replay_trees as rt
@@ -22,7 +23,6 @@ from edgespec.drafters.hybrid import HybridDrafter
 from edgespec.drafters.model import MAX_TREE_NODES, ModelDrafter
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.spec.step import SpeculativeStep
-from fake_model import BOS, FakeContext, FakeModel
 
 # eos_bias 0: some answers end with EOS within MAX_TOKENS, others by length.
 TARGET = FakeModel(n_vocab=96, seed=0, eos_bias=0.0)
@@ -74,6 +74,7 @@ def real_run(config: str, prompt: list[int]):
     dctx = drafter_ctx()
     model = ModelDrafter(DRAFT_MODEL, ctx=dctx, min_confidence=MIN_CONFIDENCE, tree=config.endswith("-tree"))
     model.cost = CHEAP if model.tree else None
+    model.clock = lambda: dctx.rows_evaluated  # UNIT books a drafter row as a second
     drafter = {"suffix": lambda: SuffixDrafter(), "model": lambda: model, "model-tree": lambda: model,
                "hybrid": lambda: HybridDrafter(SuffixDrafter(), model),
                "hybrid-tree": lambda: HybridDrafter(SuffixDrafter(), model),

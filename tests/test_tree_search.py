@@ -9,7 +9,13 @@ import pytest
 
 from edgespec.drafters.model import ModelDrafter
 from edgespec.drafters.tree_kv import PathKV
-from edgespec.spec.tree_search import Children, accepted_by, accepted_path, best_first, top_children
+from edgespec.spec.tree_search import (
+    Children,
+    accepted_by,
+    accepted_path,
+    best_first,
+    top_children,
+)
 from tests.fake_model import FakeContext, FakeModel
 
 MODEL = FakeModel(n_vocab=40, seed=3, sharpness=2.5)
@@ -23,7 +29,8 @@ def children_of(path, branch=4) -> Children:
 def brute_force_top(budget: int, branch: int = 4) -> list[tuple[float, tuple[int, ...]]]:
     """The top nodes one at a time: pop the most probable known node, then learn its children
     (a child never outscores its parent, so the pops come best first)."""
-    heap = [(-lp, (t,)) for t, lp in zip(*(lambda c: (c.ids, c.logps))(children_of((), branch)))]
+    root = children_of((), branch)
+    heap = [(-lp, (t,)) for t, lp in zip(root.ids, root.logps)]
     heapq.heapify(heap)
     out = []
     while heap and len(out) < budget:
@@ -54,7 +61,7 @@ def test_the_tree_is_the_exact_top_budget_whatever_the_rounds(budget, round_size
 
 
 def test_trees_are_nested_so_one_tree_tells_every_smaller_budget():
-    expand = lambda paths: [children_of(p) for p in paths]  # noqa: E731
+    expand = lambda paths: [children_of(p) for p in paths]
     big = best_first(children_of(()), expand, 40).tree
     plain = [int(big.tokens[i]) for i in big.path_to(len(big) - 1)] + [7]  # a continuation deep in the tree
     path = accepted_path(big, plain)
@@ -64,7 +71,7 @@ def test_trees_are_nested_so_one_tree_tells_every_smaller_budget():
 
 
 def test_max_expansions_bounds_the_decodes_and_floor_prunes():
-    expand = lambda paths: [children_of(p) for p in paths]  # noqa: E731
+    expand = lambda paths: [children_of(p) for p in paths]
     capped = best_first(children_of(()), expand, 30, round_size=4, max_expansions=6)
     assert capped.expansions == 6 and len(capped.tree) == 4 + 6 * 4  # all it discovered
     floored = best_first(children_of(()), expand, 30, min_logp=np.log(0.05))

@@ -17,7 +17,8 @@ The chain drafter needs no drafting per position: its greedy chain from position
 plain output while the drafter's argmax equals it (``top[q] == output[q]``) and its confidence
 stays above ``min_confidence``; at the first miss it drafts ``top[q]`` and then ``off_run[q]``
 further tokens off the plain path (recorded once per miss, since that continuation does not
-depend on where the chain started). Model-drafted *trees* are not replayed.
+depend on where the chain started). Model-drafted trees are replayed from their own records
+(edgespec.bench.replay_trees).
 
 Vocabulary as in edgespec.spec.tree. Record with ``benchmarks/replay/record.py``, replay with
 ``benchmarks/replay/replay.py``.
@@ -31,20 +32,24 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgespec.bench.summary import PLAIN, Record, summarize
+
+if TYPE_CHECKING:
+    from edgespec.bench.replay_trees import TreeTrace
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.tokens import common_prefix
+from edgespec.drafters import suffix_drafter
 from edgespec.drafters.auto.drafter import AutoDrafter
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.hybrid import HybridDrafter
 from edgespec.drafters.model import TREE_SIZES
-from edgespec.drafters import suffix_drafter
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
 
@@ -53,7 +58,7 @@ log = logging.getLogger(__name__)
 VERSION = 1
 OFF_PATH = -1  # token id standing for a drafted token off the plain path (never accepted)
 # "model-overlap": the model drafter drafting ahead while the target verifies (SpeculativeStep's
-# overlap), the drafting booked only where it outlasts the verification. "model-tree" is not replayed.
+# overlap), the drafting booked only where it outlasts the verification.
 # "-tree": the model drafter drafting best-first trees sized by TreeSizes (edgespec.bench.replay_trees).
 CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto", "model-overlap", "model-tree", "hybrid-tree")
 TREE = "-tree"
@@ -99,7 +104,7 @@ class PromptTrace:
     output: tuple[int, ...]  # plain greedy output; ends with the EOG token when finish == "stop"
     finish: str  # "stop" (EOG) | "length"
     drafter: DrafterTrace | None = None
-    trees: "TreeTrace | None" = None  # noqa: F821 (edgespec.bench.replay_trees) best-first model trees (edgespec.bench.replay_trees)
+    trees: TreeTrace | None = None  # best-first model trees (edgespec.bench.replay_trees)
 
     @property
     def eog(self) -> int | None:
@@ -516,6 +521,8 @@ def check_settings(trace: Trace, settings: ReplaySettings, configs: Sequence[str
         for p in trace.prompts:
             if p.trees is None or len(p.trees.accepted) < min(len(p.output), settings.max_tokens) - 1:
                 raise ValueError(f"trace {p.id} has no tree records up to {settings.max_tokens} tokens")
+            if p.trees.budgets != trace.prompts[0].trees.budgets:
+                raise ValueError(f"trace {p.id} recorded other tree sizes than {trace.prompts[0].id}")
 
 
 def replay(trace: Trace, configs: Sequence[str], costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
@@ -527,7 +534,8 @@ def replay(trace: Trace, configs: Sequence[str], costs: MachineCosts, settings: 
     check_settings(Trace(trace.suite, trace.max_tokens, chosen), settings, configs)
     configs = [PLAIN] + [c for c in dict.fromkeys(configs) if c != PLAIN]
     cache: list[int] = []
-    sizes = TreeSizes(TREE_SIZES)  # one drafter model, one tree policy, as the bench shares them
+    recorded = [p.trees.budgets for p in chosen if p.trees is not None]
+    sizes = TreeSizes(recorded[0] if recorded else TREE_SIZES)  # one drafter model, one policy, as the bench shares
     records = []
     for p in chosen:
         for config in configs:

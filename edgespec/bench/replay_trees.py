@@ -22,17 +22,17 @@ import numpy as np
 
 from edgespec.bench.replay import OFF_PATH, Ledger, PromptTrace, TraceChainDrafter
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
-from edgespec.drafters.model import TREE_SIZES
+from edgespec.drafters.model import TREE_SEQUENCES, TREE_SIZES
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.spec.tree import DraftTree
-from edgespec.spec.tree_search import Children, accepted_by, accepted_path, best_first, top_children
+from edgespec.spec.tree_search import Children, accepted_path, best_first, top_children
 
 log = logging.getLogger(__name__)
 
 TREE_BUDGETS = TREE_SIZES  # drafted nodes: verification batches of 4 to 64 rows
 BRANCH = 8
 ROUND = None  # every unexpanded node of the current top per round (edgespec.spec.tree_search)
-MAX_EXPANSIONS = 255  # llama.cpp's 256 sequences, less sequence 0
+MAX_EXPANSIONS = TREE_SEQUENCES - 1  # ModelDrafter's tree search: a sequence per expansion at most
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ class TreeTrace:
                 "max_expansions": self.max_expansions}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TreeTrace":
-        t = lambda xs: tuple(tuple(x) for x in xs)  # noqa: E731
+    def from_dict(cls, d: dict) -> TreeTrace:
+        t = lambda xs: tuple(tuple(x) for x in xs)
         return cls(tuple(d["budgets"]), t(d["accepted"]), t(d["rounds"]), t(d["expansions"]), t(d["ranks"]),
                    d["branch"], d["round_size"], d["max_expansions"])
 
@@ -148,22 +148,22 @@ class TraceTreeDrafter(TraceChainDrafter):
         t = self.trace.trees
         q = len(context) - len(self.trace.prompt)
         size = self.sizes.size(budget, self.cost)
-        if size <= 0 or q >= len(t.accepted) or len(context) + MAX_EXPANSIONS + 1 >= self.n_ctx:
+        if size <= 0 or q >= len(t.accepted) or len(context) + TREE_SEQUENCES >= self.n_ctx:
             return DraftTree.empty(self.name)
         self._sync(context)
         k = t.budgets.index(size)
         rounds, expansions = t.rounds[q][k], t.expansions[q][k]
-        for r in range(rounds):
+        booked = self.ledger.drafter_s
+        for r in range(rounds):  # the recorded rounds' sizes are not kept: an even split
             n = expansions // rounds + (r < expansions % rounds)
             self.ledger.drafter(n, expanded=n)
-        self.sizes.searched(size, rounds)
+        self.sizes.searched(size, self.ledger.drafter_s - booked)
         self._verifying = self._tree(q, size, t.accepted[q][k], t.ranks[q])
         return self._verifying
 
     def observe(self, emitted: Sequence[int]) -> None:
         tree, self._verifying = self._verifying, None
-        if tree is not None:
-            self.sizes.update(accepted_by(accepted_path(tree, emitted), [b for b in self.sizes.sizes if b <= len(tree)]))
+        self.sizes.learn(tree, emitted)
 
     def _tree(self, q: int, size: int, accepted: int, ranks: Sequence[int]) -> DraftTree:
         places = list(ranks[:accepted])

@@ -22,19 +22,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edgespec.bench import peers
 from edgespec.bench.machine import describe
 from edgespec.bench.prompts import BenchPrompt, conversation
 from edgespec.bench.summary import PLAIN, Record, interleaved_order, summarize
-from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of, make_drafter
-from edgespec.engine import Engine, EngineConfig
-from edgespec.errors import InvalidRequest
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
+from edgespec.drafters import (
+    NAMES,
+    DraftConfig,
+    default_draft_model,
+    kind_of,
+    make_drafter,
+)
+from edgespec.engine import Engine, EngineConfig
+from edgespec.errors import InvalidRequest
 from edgespec.spec.step import SpeculativeStep
 
 log = logging.getLogger(__name__)
@@ -111,9 +117,10 @@ def validate_configs(configs: list[str], recheck_gap: float = 0.0) -> list[str]:
 class _Runners:
     """Builds the generator for each configuration, sharing the target and the model drafter."""
 
-    def __init__(self, engine: Engine, settings: BenchSettings):
+    def __init__(self, engine: Engine, settings: BenchSettings, trees: bool = False):
         self.engine = engine
         self.settings = settings
+        self._trees = trees  # the shared model drafter gets a tree search's sequences
         self._model_drafter = None
 
     @property
@@ -124,7 +131,8 @@ class _Runners:
 
     def model_drafter(self, tree: bool):
         if self._model_drafter is None:
-            self._model_drafter = make_drafter(self._draft_config("model"), self.engine.model, self.engine.store)
+            cfg = replace(self._draft_config("model"), tree=self._trees)
+            self._model_drafter = make_drafter(cfg, self.engine.model, self.engine.store)
         self._model_drafter.tree = tree
         return self._model_drafter
 
@@ -186,7 +194,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
                                  n_seq_max=settings.draft_max + 1, ram_budget=settings.ram_budget,
                                  vram_budget=settings.vram_budget, placement=settings.placement,
                                  draft=_planned_draft(configs) if planned else None))
-    runners = _Runners(engine, settings)
+    runners = _Runners(engine, settings, trees=any(base_config(c) == "model-tree" for c in configs))
     result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs))
     by_id = {p.id: p for p in prompts}
     turns = {p.id: p.n_turns for p in prompts} if settings.turns == "all" else None

@@ -155,8 +155,6 @@ def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target
         ModelNotFound / InvalidGGUF: the drafter model cannot be found or read.
         IncompatibleModels: its vocabulary does not match the target's.
     """
-    from edgespec.drafters.suffix import SuffixDrafter
-
     kind = kind_of(cfg.kind)
     suffix = suffix_drafter(cfg.draft_max, cfg.suffix_history_tokens) if kind.suffix else None
     if kind.name == "auto":
@@ -180,7 +178,11 @@ def cached_tree_costs(target_ctx, model, home: Path, tag: str = ""):
     size the step allows); loading never waits for a calibration."""
     from dataclasses import replace as with_field
 
-    from edgespec.drafters.auto.calibrate import cached_draft_cost, cached_verify, context_key
+    from edgespec.drafters.auto.calibrate import (
+        cached_draft_cost,
+        cached_verify,
+        context_key,
+    )
 
     verify = cached_verify(home, context_key(target_ctx, tag))
     draft = cached_draft_cost(home, context_key(model.ctx)) if verify is not None else None

@@ -18,24 +18,35 @@ longest common prefix of what it holds and the current context, and decodes only
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, sample_from, target_probs
+from edgespec.decode.sampling import (
+    SamplingParams,
+    greedy_token,
+    recent_window,
+    sample_from,
+    target_probs,
+)
 from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
 from edgespec.spec.tree import DraftTree
-from edgespec.spec.tree_search import accepted_by, accepted_path, best_first, top_children
+from edgespec.spec.tree_search import best_first, top_children
 
 log = logging.getLogger(__name__)
 
 NAME = "model"
-MAX_TREE_NODES = 63  # default tree size: each expanded node may need a sequence id while drafting
+MAX_TREE_NODES = 63  # the largest tree: a 64-row verification
 TREE_SIZES = (3, 7, 15, 31, 63)  # the sizes a tree policy chooses from (edgespec.drafters.auto.policy.TreeSizes)
-SEQ_LIMIT = 256  # llama.cpp's LLAMA_MAX_SEQ
+# A search may need a new sequence per expansion; the exact 63-node tree took more than 63
+# expansions at 76% of the code-edit positions (106 on average), so a tree drafter gets
+# llama.cpp's LLAMA_MAX_SEQ; a chain drafter keeps 64 for trees turned on later (63 expansions).
+TREE_SEQUENCES = 256
+CHAIN_SEQUENCES = MAX_TREE_NODES + 1
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -88,7 +99,7 @@ class ModelDrafter:
 
     def __init__(self, model: LlamaModel, n_ctx: int = 4096, n_threads: int | None = None,
                  tree: bool = False, min_confidence: float = 0.4, branch: int = 8, round_size: int | None = None,
-                 ctx=None, tree_nodes: int = MAX_TREE_NODES):
+                 ctx=None):
         """``ctx``: a context to draft in instead of a new one over ``model`` (tests pass an
         exact fake with the LlamaContext interface)."""
         self.model = model
@@ -96,38 +107,39 @@ class ModelDrafter:
         self.min_confidence = min_confidence
         self.branch = branch
         self.round_size = round_size
-        self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads, tree_nodes))
+        self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads, tree))
         self.last_search = None  # the last tree's SearchResult (rounds, expansions)
         # Trees take the largest size of the menu within the step's budget, or, with a cost
         # model, the size that pays from what trees accepted so far.
         self.sizes = TreeSizes(TREE_SIZES)
         self.cost: CostModel | None = None
+        self.clock = time.perf_counter  # what a search costs is learned in its seconds
         self._verifying: DraftTree | None = None
         self.seq = KVSequence(self.ctx)
         self.params = SamplingParams(temperature=0.0)
         self.rng = np.random.default_rng()
 
     @staticmethod
-    def context_params(n_ctx: int, n_threads: int | None = None, tree_nodes: int = MAX_TREE_NODES) -> ContextParams:
-        """The drafter's context: always room for trees of ``tree_nodes`` (the flag can change
-        between requests); a small ubatch keeps the compute buffer (ubatch x vocabulary logits)
-        small. The planner sizes the drafter from this declaration."""
-        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=min(tree_nodes + 1, SEQ_LIMIT),
-                             n_threads=n_threads)
+    def context_params(n_ctx: int, n_threads: int | None = None, tree: bool = False) -> ContextParams:
+        """The drafter's context: sequences for a tree search (TREE_SEQUENCES, CHAIN_SEQUENCES);
+        a small ubatch keeps the compute buffer (ubatch x vocabulary logits) small. The planner
+        sizes the drafter from this declaration."""
+        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64,
+                             n_seq_max=TREE_SEQUENCES if tree else CHAIN_SEQUENCES, n_threads=n_threads)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None, rng=None) -> None:
         self.params = sampling or SamplingParams(temperature=0.0)
         self.rng = rng if rng is not None else np.random.default_rng()
+        self._verifying = None
 
     def observe(self, emitted: Sequence[int]) -> None:
         """Learns what the last tree accepted (the next propose() syncs the cache itself)."""
         tree, self._verifying = self._verifying, None
-        if tree is not None:
-            self.sizes.update(accepted_by(accepted_path(tree, emitted), [b for b in self.sizes.sizes if b <= len(tree)]))
+        self.sizes.learn(tree, emitted)
 
     def end(self) -> None:
-        pass  # the cache stays: the next request (chat turn) reuses its common prefix
+        self._verifying = None  # the cache stays: the next request (chat turn) reuses its common prefix
 
     @property
     def nbytes(self) -> int:
@@ -141,7 +153,7 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         tree = self.tree and self.params.greedy
         if tree:  # sized before syncing: a step that drafts nothing decodes nothing
-            budget = self.sizes.size(min(budget, self.ctx.n_seq_max - 1), self.cost)
+            budget = self.sizes.size(min(budget, MAX_TREE_NODES, self.ctx.n_seq_max - 1), self.cost)
         room = self.ctx.n_seq_max if tree else budget + 1  # a tree's cells: one per expanded node
         if budget <= 0 or len(context) + room >= self.ctx.n_ctx:
             return DraftTree.empty(NAME)
@@ -167,11 +179,12 @@ class ModelDrafter:
             rows = kv.decode([(base, p) for p in paths])
             return [top_children(row, self.branch) for row in rows]
 
+        t0 = self.clock()
         try:
             found = best_first(top_children(logits, self.branch), expand, budget, self.round_size,
                                self.ctx.n_seq_max - 1, source=NAME)
         finally:
             kv.release()
         self.last_search, self._verifying = found, found.tree
-        self.sizes.searched(budget, found.rounds)
+        self.sizes.searched(budget, self.clock() - t0)
         return found.tree

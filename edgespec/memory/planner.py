@@ -12,16 +12,32 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 
-from edgespec.drafters.model import ModelDrafter
+from edgespec.drafters.model import MAX_TREE_NODES, ModelDrafter
 from edgespec.drafters.suffix import BYTES_PER_TOKEN as SUFFIX_BYTES_PER_TOKEN
 from edgespec.drafters.suffix import DEFAULT_HISTORY_TOKENS as SUFFIX_DEFAULT_CAP
 from edgespec.errors import BudgetExceeded, InvalidRequest
-from edgespec.llama.kernels import KV_CACHE_TYPES, default_flash_attn, resolved_flash_attn
-from edgespec.memory.footprint import (ENGINE_N_BATCH, MiB, ContextFootprint, ModelFootprint,
-                                       estimate_context, estimate_model)
-from edgespec.memory.machine import (GPUDevice, MachineInfo, default_ram_budget, default_threads,
-                                     default_vram_budget, machine)
+from edgespec.llama.kernels import (
+    KV_CACHE_TYPES,
+    default_flash_attn,
+    resolved_flash_attn,
+)
 from edgespec.memory import placements
+from edgespec.memory.footprint import (
+    ENGINE_N_BATCH,
+    ContextFootprint,
+    MiB,
+    ModelFootprint,
+    estimate_context,
+    estimate_model,
+)
+from edgespec.memory.machine import (
+    GPUDevice,
+    MachineInfo,
+    default_ram_budget,
+    default_threads,
+    default_vram_budget,
+    machine,
+)
 from edgespec.units import format_bytes
 
 # The planner's public surface includes the footprint and machine types it plans with.
@@ -227,8 +243,8 @@ class _Planner:
 
     def _drafter_ctx(self, cfg: _Cfg) -> ContextFootprint:
         """The context ModelDrafter declares it builds (its own cache type and micro-batch)."""
-        p = ModelDrafter.context_params(cfg.n_ctx)
-        rows = p.n_seq_max - 1 if self.draft_tree else 1  # a tree round decodes a row per free sequence at most
+        p = ModelDrafter.context_params(cfg.n_ctx, tree=self.draft_tree)
+        rows = MAX_TREE_NODES if self.draft_tree else 1  # a search round decodes at most a tree's nodes
         return estimate_context(self.d, p.n_ctx, p.n_ubatch, p.n_seq_max, p.kv_type,
                                 resolved_flash_attn(p.flash_attn), n_batch=p.n_batch, n_outputs=rows)
 

@@ -204,32 +204,37 @@ class TreeSizes:
     """Which size of best-first model tree pays (edgespec.spec.tree_search), learned per size.
 
     Trees are nested, so every verified tree tells what each smaller size would have accepted
-    (``update``: accepted tokens by size); a size never seen is assumed to accept all it drafts
-    until tried. Drafting a tree costs about one drafter decode per level (a round), learned
-    per size from the searches run. ``choose`` maximises expected emitted tokens per second over
-    the sizes the caller allows, against a plain step; every ``probe_every`` steps it drafts the
-    largest allowed size, so sizes the policy stopped choosing keep being measured.
+    (``learn``); a size never seen is assumed to accept all it drafts until tried. What a
+    search of each size costs is learned from the searches run (``searched``: seconds; unseen:
+    one drafter decode per node, a chain's price). ``choose`` maximises expected emitted tokens
+    per second over the sizes the caller allows, against a plain step; every ``probe_every``
+    steps it drafts the largest allowed size, so sizes it stopped choosing keep being measured.
     """
 
     def __init__(self, sizes: Sequence[int], decay: float = 0.8, probe_every: int = 16):
         self.sizes = tuple(sorted(sizes))
         self.decay, self.probe_every = decay, probe_every
         self.accepted: dict[int, float] = {}  # size -> moving average of accepted tokens
-        self.rounds: dict[int, float] = {}  # size -> moving average of search rounds
+        self.search_s: dict[int, float] = {}  # size -> moving average of a search's seconds
         self.steps = 0
 
     def _average(self, table: dict[int, float], size: int, value: float) -> None:
         old = table.get(size)
         table[size] = value if old is None else self.decay * old + (1 - self.decay) * value
 
-    def update(self, accepted_by: dict[int, int]) -> None:
-        for b, a in accepted_by.items():
-            if b in self.sizes:
-                self._average(self.accepted, b, float(a))
+    def learn(self, tree, emitted: Sequence[int]) -> None:
+        """What ``tree`` (best first, a DraftTree or None) and each smaller size accepted of ``emitted``."""
+        if tree is None:
+            return
+        from edgespec.spec.tree_search import accepted_by, accepted_path
 
-    def searched(self, size: int, rounds: int) -> None:
+        path = accepted_path(tree, emitted)
+        for b, a in accepted_by(path, [b for b in self.sizes if b <= len(tree)]).items():
+            self._average(self.accepted, b, float(a))
+
+    def searched(self, size: int, seconds: float) -> None:
         if size in self.sizes:
-            self._average(self.rounds, size, float(rounds))
+            self._average(self.search_s, size, seconds)
 
     def size(self, limit: int, cost: CostModel | None = None) -> int:
         """The tree size for a step allowing ``limit`` nodes: the policy's choice with a cost
@@ -248,7 +253,8 @@ class TreeSizes:
             return allowed[-1]
         best, best_rate = 0, (1.0 + margin) / cost.verify(1)
         for b in allowed:
-            rate = (1.0 + self.accepted.get(b, b)) / (cost.verify(b + 1) + self.rounds.get(b, b) * cost.draft_token_s)
+            search = self.search_s.get(b, b * cost.draft_token_s)
+            rate = (1.0 + self.accepted.get(b, b)) / (cost.verify(b + 1) + search)
             if rate > best_rate:
                 best, best_rate = b, rate
         return best
