@@ -20,7 +20,7 @@ from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.auto.drafter import AutoDrafter
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.hybrid import HybridDrafter
-from edgespec.drafters.model import MAX_TREE_NODES, ModelDrafter
+from edgespec.drafters.model import MAX_TREE_NODES, TREE_SIZES, ModelDrafter
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.spec.step import SpeculativeStep
 
@@ -101,7 +101,7 @@ def test_replay_predicts_every_step_and_batch_of_a_real_run(trace, config):
     total_accepted = 0
     for p in trace.prompts:
         done, target, dctx = real_run(config, list(p.prompt))
-        replayed, ledger = rp.run_replay(p, config, UNIT, SETTINGS, sizes=TreeSizes(rt.TREE_BUDGETS))
+        replayed, ledger = rp.run_replay(p, config, UNIT, SETTINGS, sizes=TreeSizes(TREE_SIZES))
         assert replayed.token_ids == done.token_ids
         real, sim = done.stats.spec, replayed.stats.spec
         # A tree may hold the EOG token and tokens after it: the real step counts those as

@@ -39,7 +39,7 @@ def main() -> None:
                                             n_seq_max=rt.MAX_EXPANSIONS + 1, n_threads=args.threads))
     wanted = None if args.ids is None else set(args.ids.split(","))
     prompts = list(trace.prompts)
-    meta = dict(trace.meta, trees={"budgets": list(rt.TREE_BUDGETS), "machine": describe(ctx.n_threads),
+    meta = dict(trace.meta, trees={"budgets": list(rt.TREE_SIZES), "machine": describe(ctx.n_threads),
                                    "max_tokens": args.max_tokens, "record_s": {}})
     try:
         for k, p in enumerate(prompts):

@@ -32,14 +32,10 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgespec.bench.summary import PLAIN, Record, summarize
-
-if TYPE_CHECKING:
-    from edgespec.bench.replay_trees import TreeTrace
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
@@ -95,6 +91,34 @@ class DrafterTrace:
 
 
 @dataclass(frozen=True)
+class TreeTrace:
+    """Per output position q (a tree drafted after ``output[:q]``), per budget k of ``budgets``:
+    accepted nodes, rounds and expansions of the search; ``ranks[q]``: node indices of the
+    accepted path in the tree of the largest budget. Recorded by edgespec.bench.replay_trees."""
+
+    budgets: tuple[int, ...]
+    accepted: tuple[tuple[int, ...], ...]
+    rounds: tuple[tuple[int, ...], ...]
+    expansions: tuple[tuple[int, ...], ...]
+    ranks: tuple[tuple[int, ...], ...]
+    branch: int  # the search's settings (edgespec.spec.tree_search.best_first)
+    round_size: int | None
+    max_expansions: int
+
+    def to_dict(self) -> dict:
+        return {"budgets": list(self.budgets), "accepted": [list(x) for x in self.accepted],
+                "rounds": [list(x) for x in self.rounds], "expansions": [list(x) for x in self.expansions],
+                "ranks": [list(x) for x in self.ranks], "branch": self.branch, "round_size": self.round_size,
+                "max_expansions": self.max_expansions}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TreeTrace:
+        t = lambda xs: tuple(tuple(x) for x in xs)
+        return cls(tuple(d["budgets"]), t(d["accepted"]), t(d["rounds"]), t(d["expansions"]), t(d["ranks"]),
+                   d["branch"], d["round_size"], d["max_expansions"])
+
+
+@dataclass(frozen=True)
 class PromptTrace:
     """One benchmark prompt: its tokens, the plain greedy output and the drafter's chain."""
 
@@ -142,8 +166,6 @@ def _prompt_from_dict(d: dict) -> PromptTrace:
         tuple(tuple(x) for x in t["top_ids"]), tuple(tuple(x) for x in t["top_logprobs"]),
         tuple(t["plain_logprob"]), tuple(bool(c) for c in t["confident"]), tuple(t["off_run"]),
         t["min_confidence"], t["off_cap"])
-    from edgespec.bench.replay_trees import TreeTrace
-
     trees = TreeTrace.from_dict(d["trees"]) if "trees" in d else None
     return PromptTrace(d["id"], d["category"], tuple(d["prompt"]), tuple(d["output"]), d["finish"], drafter, trees)
 
@@ -572,16 +594,15 @@ def _log_softmax(row: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum())
 
 
-def _teacher_forced(ctx, prompt: Sequence[int], output: Sequence[int], top_k: int):
-    """Decodes prompt + output[:-1] in sequence 0; yields (q, log-probs for output[q])."""
-    full = list(prompt) + list(output)
-    first = len(prompt) - 1  # the row that predicts output[0]
-    for start in range(0, len(full) - 1, ctx.n_batch):
-        chunk = full[start:min(start + ctx.n_batch, len(full) - 1)]
+def teacher_forced(ctx, tokens: Sequence[int], first: int):
+    """Decodes ``tokens`` in sequence 0 in ``n_batch`` chunks; yields (i - first, logits after
+    tokens[:i + 1]) for every i >= first."""
+    for start in range(0, len(tokens), ctx.n_batch):
+        chunk = list(tokens[start:start + ctx.n_batch])
         flags = [start + i >= first for i in range(len(chunk))]
         rows = ctx.decode(chunk, range(start, start + len(chunk)), [[0]] * len(chunk), flags)
         for k, i in enumerate(i for i in range(len(chunk)) if flags[i]):
-            yield start + i - first, _log_softmax(rows[k])
+            yield start + i - first, rows[k]
 
 
 def _free_runs(ctx, base: int, misses: dict[int, int], min_confidence: float, cap: int) -> dict[int, int]:
@@ -622,7 +643,9 @@ def record_drafter(ctx, prompt: Sequence[int], output: Sequence[int], min_confid
     ctx.clear()
     n = len(output)
     top_ids, top_lps, plain_lp = [()] * n, [()] * n, [0.0] * n
-    for q, lp in _teacher_forced(ctx, prompt, output, top_k):
+    # prompt + output[:-1]: row q (from the prompt's last token on) predicts output[q]
+    for q, row in teacher_forced(ctx, list(prompt) + list(output[:-1]), len(prompt) - 1):
+        lp = _log_softmax(row)
         ids = np.argsort(-lp, kind="stable")[:top_k]
         top_ids[q], top_lps[q] = tuple(int(i) for i in ids), tuple(float(lp[i]) for i in ids)
         plain_lp[q] = float(lp[output[q]])

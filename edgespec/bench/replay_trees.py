@@ -14,69 +14,28 @@ the recorded rounds on the drafter's batch curve.
 """
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.bench.replay import OFF_PATH, Ledger, PromptTrace, TraceChainDrafter
+from edgespec.bench.replay import OFF_PATH, Ledger, PromptTrace, TraceChainDrafter, TreeTrace, teacher_forced
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.model import TREE_SEQUENCES, TREE_SIZES
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.spec.tree import DraftTree
 from edgespec.spec.tree_search import Children, accepted_path, best_first, top_children
 
-log = logging.getLogger(__name__)
-
-TREE_BUDGETS = TREE_SIZES  # drafted nodes: verification batches of 4 to 64 rows
 BRANCH = 8
 ROUND = None  # every unexpanded node of the current top per round (edgespec.spec.tree_search)
 MAX_EXPANSIONS = TREE_SEQUENCES - 1  # ModelDrafter's tree search: a sequence per expansion at most
 
 
-@dataclass(frozen=True)
-class TreeTrace:
-    """Per output position q (a tree drafted after ``output[:q]``), per budget k of ``budgets``:
-    accepted nodes, rounds and expansions of the search; ``ranks[q]``: node indices of the
-    accepted path in the tree of the largest budget."""
-
-    budgets: tuple[int, ...]
-    accepted: tuple[tuple[int, ...], ...]
-    rounds: tuple[tuple[int, ...], ...]
-    expansions: tuple[tuple[int, ...], ...]
-    ranks: tuple[tuple[int, ...], ...]
-    branch: int = BRANCH
-    round_size: int | None = ROUND
-    max_expansions: int = MAX_EXPANSIONS
-
-    def to_dict(self) -> dict:
-        return {"budgets": list(self.budgets), "accepted": [list(x) for x in self.accepted],
-                "rounds": [list(x) for x in self.rounds], "expansions": [list(x) for x in self.expansions],
-                "ranks": [list(x) for x in self.ranks], "branch": self.branch, "round_size": self.round_size,
-                "max_expansions": self.max_expansions}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TreeTrace:
-        t = lambda xs: tuple(tuple(x) for x in xs)
-        return cls(tuple(d["budgets"]), t(d["accepted"]), t(d["rounds"]), t(d["expansions"]), t(d["ranks"]),
-                   d["branch"], d["round_size"], d["max_expansions"])
-
-
 def _plain_children(ctx, prompt: Sequence[int], output: Sequence[int], branch: int) -> list[Children]:
     """Sequence 0 := prompt + output; the drafter's children after prompt + output[:q], q = 0..n."""
-    full = list(prompt) + list(output)
-    first = len(prompt) - 1
-    out: list[Children] = []
-    for start in range(0, len(full), ctx.n_batch):
-        chunk = full[start:start + ctx.n_batch]
-        flags = [start + i >= first for i in range(len(chunk))]
-        rows = ctx.decode(chunk, range(start, start + len(chunk)), [[0]] * len(chunk), flags)
-        out += [top_children(row, branch) for row in rows]
-    return out
+    return [top_children(row, branch) for _, row in teacher_forced(ctx, list(prompt) + list(output), len(prompt) - 1)]
 
 
-def record_trees(ctx, prompt: Sequence[int], output: Sequence[int], budgets: Sequence[int] = TREE_BUDGETS,
+def record_trees(ctx, prompt: Sequence[int], output: Sequence[int], budgets: Sequence[int] = TREE_SIZES,
                  branch: int = BRANCH, round_size: int | None = ROUND, max_expansions: int = MAX_EXPANSIONS) -> TreeTrace:
     """The TreeTrace of one prompt (``ctx``: the drafter's context, cleared here; it needs
     ``max_expansions`` + 1 sequences and room for prompt + output + the live off-path cells)."""

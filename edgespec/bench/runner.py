@@ -28,19 +28,13 @@ from edgespec.bench import peers
 from edgespec.bench.machine import describe
 from edgespec.bench.prompts import BenchPrompt, conversation
 from edgespec.bench.summary import PLAIN, Record, interleaved_order, summarize
+from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of, make_drafter
+from edgespec.engine import Engine, EngineConfig
+from edgespec.errors import InvalidRequest
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
-from edgespec.drafters import (
-    NAMES,
-    DraftConfig,
-    default_draft_model,
-    kind_of,
-    make_drafter,
-)
-from edgespec.engine import Engine, EngineConfig
-from edgespec.errors import InvalidRequest
 from edgespec.spec.step import SpeculativeStep
 
 log = logging.getLogger(__name__)

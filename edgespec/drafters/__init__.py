@@ -176,17 +176,11 @@ def cached_tree_costs(target_ctx, model, home: Path, tag: str = ""):
     """The costs a model drafter sizes its trees by (edgespec.drafters.auto.policy.TreeSizes):
     this placement's calibration when `auto` already made it, else None (trees of the largest
     size the step allows); loading never waits for a calibration."""
-    from dataclasses import replace as with_field
-
-    from edgespec.drafters.auto.calibrate import (
-        cached_draft_cost,
-        cached_verify,
-        context_key,
-    )
+    from edgespec.drafters.auto.calibrate import cached_draft_cost, cached_verify, context_key
 
     verify = cached_verify(home, context_key(target_ctx, tag))
     draft = cached_draft_cost(home, context_key(model.ctx)) if verify is not None else None
-    return with_field(verify, draft_token_s=draft) if draft is not None else None
+    return replace(verify, draft_token_s=draft) if draft is not None else None
 
 
 def suffix_drafter(draft_max: int, history_tokens: int = DEFAULT_HISTORY_TOKENS):

@@ -23,13 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import (
-    SamplingParams,
-    greedy_token,
-    recent_window,
-    sample_from,
-    target_probs,
-)
+from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, sample_from, target_probs
 from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.tree_kv import PathKV

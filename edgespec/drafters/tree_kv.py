@@ -26,9 +26,6 @@ class PathKV:
         self._tail: dict[int, Node] = {}  # sequence -> its deepest node
         self._free = list(range(ctx.n_seq_max - 1, 0, -1))
 
-    def __contains__(self, node: Node) -> bool:
-        return node in self._seq
-
     def decode(self, nodes: Sequence[Node]) -> np.ndarray:
         """Logits after each node's path, one batch (rows in ``nodes``' order)."""
         need = sum(1 + (len(n[1]) > 1 and (n[0], n[1][:-1]) not in self._seq) for n in nodes)

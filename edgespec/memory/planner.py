@@ -16,28 +16,12 @@ from edgespec.drafters.model import MAX_TREE_NODES, ModelDrafter
 from edgespec.drafters.suffix import BYTES_PER_TOKEN as SUFFIX_BYTES_PER_TOKEN
 from edgespec.drafters.suffix import DEFAULT_HISTORY_TOKENS as SUFFIX_DEFAULT_CAP
 from edgespec.errors import BudgetExceeded, InvalidRequest
-from edgespec.llama.kernels import (
-    KV_CACHE_TYPES,
-    default_flash_attn,
-    resolved_flash_attn,
-)
+from edgespec.llama.kernels import KV_CACHE_TYPES, default_flash_attn, resolved_flash_attn
+from edgespec.memory.footprint import (ENGINE_N_BATCH, MiB, ContextFootprint, ModelFootprint,
+                                       estimate_context, estimate_model)
+from edgespec.memory.machine import (GPUDevice, MachineInfo, default_ram_budget, default_threads,
+                                     default_vram_budget, machine)
 from edgespec.memory import placements
-from edgespec.memory.footprint import (
-    ENGINE_N_BATCH,
-    ContextFootprint,
-    MiB,
-    ModelFootprint,
-    estimate_context,
-    estimate_model,
-)
-from edgespec.memory.machine import (
-    GPUDevice,
-    MachineInfo,
-    default_ram_budget,
-    default_threads,
-    default_vram_budget,
-    machine,
-)
 from edgespec.units import format_bytes
 
 # The planner's public surface includes the footprint and machine types it plans with.

@@ -110,7 +110,7 @@ def accepted_path(tree: DraftTree, emitted: Sequence[int]) -> list[int]:
     path: list[int] = []
     parent = -1
     for token in emitted:
-        nxt = next((i for i in range(len(tree)) if tree.parents[i] == parent and tree.tokens[i] == token), None)
+        nxt = next((i for i in tree.children(parent) if tree.tokens[i] == token), None)
         if nxt is None:
             break
         path.append(nxt)
