@@ -1,12 +1,14 @@
 """Replays recorded traces against a named cost model: steps, tokens/s and speedups per config.
 
     .venv/bin/python benchmarks/replay/simulate.py --costs gpu-7b --traces specbench,code-edit \
-        --configs plain,suffix,model,hybrid,auto [--max-tokens 256] [--draft-max 32] [--json out.json]
+        --configs plain,suffix,model,hybrid,auto [--max-tokens 256] [--draft-max 32] [--json out.json] \
+        [--ceiling model,tree,suffix]
 
 ``--costs``: a JSON file in edgespec.bench.replay.costs_from_json's format, ``cpu-dev`` (this
 development VM, benchmarks/replay/costs/cpu-dev.json, measured by measure_cpu.py), or a
 placement of benchmarks/device/results/curves.json (``PLACEMENTS`` below). Replay needs no
-model and no lock; it takes seconds.
+model and no lock; it takes seconds. ``--ceiling SOURCES`` adds the row ``ceiling``: the best any
+draft-size policy could do with those recorded drafts (edgespec.bench.ceiling).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from edgespec.bench import replay as rp
+from edgespec.bench.ceiling import SOURCES, ceiling_record
 from edgespec.bench.report import _cell
 from edgespec.bench.summary import OVERALL, PLAIN, summarize
 
@@ -72,6 +75,8 @@ def main() -> None:
     ap.add_argument("--node-ms", type=float, default=None,
                     help="Python-side milliseconds per tree node expanded (0.59 on the H200 machine's CPU, "
                          "benchmarks/device/results/engine-trees.json)")
+    ap.add_argument("--ceiling", default=None, metavar="SOURCES",
+                    help=f"add the oracle policy's row over these recorded drafts (of {','.join(SOURCES)})")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -84,6 +89,8 @@ def main() -> None:
     out = {}
     for trace in load_traces(args.traces):
         records = rp.replay(trace, args.configs.split(","), costs, settings)
+        if args.ceiling:
+            records += [ceiling_record(p, costs, settings, args.ceiling.split(",")) for p in trace.prompts]
         print(table(records, f"{trace.suite} on {costs.name} (replayed, {len(trace.prompts)} prompts, "
                              f"{args.max_tokens} tokens)"))
         out[trace.suite] = {"records": [r.to_dict() for r in records], "summary": summarize(records)}
