@@ -541,3 +541,19 @@ def test_a_failure_while_drafting_ahead_leaves_the_cache_as_a_fresh_prefill():
     drafter.propose = real
     done = decoder.generate(prompt, request(40, ignore_eos=True))
     assert list(done.token_ids) == TARGET.greedy(prompt, 40)
+
+
+def test_a_stopped_greedy_chain_is_the_unstopped_chains_prefix_and_skips_its_last_decode():
+    context = [BOS] + list(range(5, 25))
+    full = model_drafter()
+    full.min_confidence = 0.0  # the fake drafter is rarely sure
+    chain = full.propose(context, 8)
+    assert len(chain) == 8 and chain.scores is not None and np.all(np.diff(chain.scores) <= 0)
+    stopped = model_drafter()
+    stopped.min_confidence, seen = 0.0, []
+    before = stopped.ctx.decodes
+    short = stopped.propose(context, 8, stop=lambda conf: seen.append(list(conf)) or len(conf) == 3)
+    assert short.tokens.tolist() == chain.tokens[:3].tolist()
+    assert short.scores == pytest.approx(chain.scores[:3]) and seen[-1] == pytest.approx(
+        (chain.scores[:3] / np.concatenate(([1.0], chain.scores[:2]))).tolist())
+    assert stopped.ctx.decodes - before == 1 + 2  # the context, then tokens 1 and 2, not token 3

@@ -112,3 +112,73 @@ def test_tree_sizes_probe_the_largest_then_pick_what_pays_and_fall_back_to_plain
     assert sizes.choose(flat, 63) == 15  # 5 tokens for 2.0 + a node-priced search: the size that pays
     steep = CostModel((1, 8, 64), (1.0, 8.0, 64.0), draft_token_s=0.001)  # every row costs a step
     assert [sizes.choose(steep, 63) for _ in range(3)] == [0, 0, 63]  # plain pays; the 4th step probes
+
+
+def test_confidence_calibration_starts_from_the_drafter_and_learns_where_it_is_wrong():
+    from edgespec.drafters.auto.policy import ConfidenceCalibration
+
+    cal = ConfidenceCalibration()
+    assert cal.value(0.55) == pytest.approx(0.55) and cal.value(0.95) == pytest.approx(0.95)
+    assert cal.path_probs([0.95, 0.55]) == pytest.approx([0.95, 0.95 * 0.55])
+    for _ in range(50):  # unsure tokens the target keeps accepting, then one it refuses
+        cal.update([0.15, 0.15, 0.15, 0.95], [True, True, True, False])
+    assert cal.value(0.15) > 0.8 and cal.value(0.95) < 0.2
+    before = cal.state()
+    cal.update([0.55, 0.55], [False, True])  # nothing after the first miss is graded
+    assert cal.state()[1][5] == pytest.approx(before[1][5] * 0.995 + 1.0)
+    carried = ConfidenceCalibration()
+    carried.restore(cal.state(), weight=4.0)
+    assert carried.den.max() <= 4.0 + 1e-9 and carried.value(0.15) > 0.6  # prior 0.15, evidence 4 of 6
+
+
+class _FixedChain:
+    """A greedy chain drafter over fixed tokens and confidences (the protocol, no model)."""
+
+    name, tree = "model", False
+
+    def __init__(self, confidences):
+        self.confidences, self.asked = confidences, []
+
+    def begin(self, prompt, sampling=None, rng=None):
+        pass
+
+    def observe(self, emitted):
+        pass
+
+    def end(self):
+        pass
+
+    def propose(self, context, budget, stop=None):
+        from edgespec.spec.tree import DraftTree
+
+        conf = []
+        for c in self.confidences[:budget]:
+            conf.append(c)
+            if stop is not None and stop(conf):
+                break
+        self.asked.append(len(conf))
+        return DraftTree.chain(list(range(100, 100 + len(conf))), "model", scores=np.cumprod(conf))
+
+
+def test_auto_verifies_the_chain_up_to_where_the_drafter_turns_unsure():
+    from edgespec.drafters.auto.drafter import AutoDrafter
+    from edgespec.drafters.suffix import SuffixDrafter
+
+    # a CPU-verified target: 3 tokens verify for 1.3 steps, 8 for 3
+    curve = ((1, 2, 4, 8, 16), (0.1, 0.11, 0.13, 0.3, 0.35))
+    steep = CostModel(*curve, draft_token_s=0.001)
+    model = _FixedChain([0.99, 0.98, 0.99, 0.35, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3])
+    auto = AutoDrafter(SuffixDrafter(), steep, model=model)
+    auto.begin([1, 2, 3])
+    draft = auto.propose([1, 2, 3], 8)
+    assert draft.source == "model" and len(draft) == 3
+    # drafting stops where the chain's survival (0.99 * 0.98 * 0.99 * 0.35 * 0.3 ** k) times the
+    # best prefix's seconds per token (0.13 s / 3.92 tokens) is below a drafter pass: 1 ms, 20 ms
+    assert model.asked == [7]
+    auto.observe([100, 101, 102, 7])  # the target took the three sure tokens and not the 4th
+    cal = auto.confidence  # graded: three hits at 0.9-1.0, one miss at 0.3-0.4, nothing after it
+    assert cal.num[9] == pytest.approx(cal.den[9]) and cal.den[9] > 2.9 and (cal.num[3], cal.den[3]) == (0, 1)
+    assert cal.den.sum() == pytest.approx(cal.den[9] + 1) and cal.value(0.35) < 0.35
+    dear = AutoDrafter(SuffixDrafter(), CostModel(*curve, draft_token_s=0.02), model=_FixedChain(model.confidences))
+    dear.begin([1, 2, 3])
+    assert len(dear.propose([1, 2, 3], 8)) == 3 and dear.model.asked == [4]

@@ -151,7 +151,7 @@ def hand_trace(output, tops, confident, off_run, finish="length") -> rp.PromptTr
 def test_chain_follows_the_plain_output_then_the_recorded_off_path_run():
     out = [10, 11, 12, 13, 14, 15]
     t = hand_trace(out, [10, 11, 99, 13, 14, 15], [1, 1, 1, 1, 0, 1], [0, 0, 3, 0, 0, 0])
-    chain = rp.TraceChainDrafter(t, rp.Ledger(UNIT), N_CTX).chain
+    chain = lambda p, budget: rp.TraceChainDrafter(t, rp.Ledger(UNIT), N_CTX).chain(p, budget)[0]
     assert chain(0, 8) == [10, 11, 99, rp.OFF_PATH, rp.OFF_PATH, rp.OFF_PATH]  # miss at 2, 3 more
     assert chain(0, 4) == [10, 11, 99, rp.OFF_PATH]  # the budget cuts the off-path run
     assert chain(0, 2) == [10, 11]
@@ -199,3 +199,38 @@ def test_overlap_replays_the_same_answer_and_hides_drafting_behind_verification(
     assert over.stats.spec.drafted_ahead > 0  # some drafts were made during the previous verification
     # Each step's drafting beside the verification is booked only where it outlasts it.
     assert 0 < ledger.hidden_s <= ledger.drafter_s and ledger.seconds < base_ledger.seconds
+
+
+# -- the ceiling: the best any policy could do with the recorded drafts ------------------------
+CURVED = rp.MachineCosts("curved", ((0, rp.curve({1: 1.0, 2: 1.3, 4: 1.6, 8: 2.4, 16: 3.0})),),
+                         drafter=rp.curve({1: 0.05, 8: 0.2}), step_s=0.01)
+
+
+def test_ceiling_without_drafts_is_plain_and_bounds_every_replayed_policy(trace):
+    from edgespec.bench.ceiling import ceiling, ceiling_record
+
+    for p in trace.prompts:
+        plain = rp.replay_prompt(p, PLAIN, CURVED, SETTINGS)
+        alone, steps = ceiling(p, CURVED, SETTINGS, sources=())
+        decodes = plain.gen_tokens + (p.finish == "stop")  # the EOG is decoded, not emitted
+        assert alone == pytest.approx(plain.gen_s) and len(steps) == decodes
+        best, steps = ceiling(p, CURVED, SETTINGS)
+        assert sum(c.accepted + 1 for c in steps) >= decodes
+        assert ceiling_record(p, CURVED, SETTINGS).gen_tokens == plain.gen_tokens
+        for config in ("suffix", "model", "hybrid", "auto", "model-tree", "hybrid-tree"):
+            assert best <= rp.replay_prompt(p, config, CURVED, SETTINGS).gen_s + 1e-9, (p.id, config)
+        assert best < alone  # the fake drafter agrees often enough that some step pays
+
+
+def test_ceiling_picks_the_cheapest_sequence_of_steps():
+    from edgespec.bench.ceiling import ceiling
+
+    out = [10, 11, 12, 13, 14, 15, 16, 17]
+    t = hand_trace(out, [10, 11, 12, 13, 99, 15, 16, 17], [1] * 8, [0] * 8)
+    flat = rp.MachineCosts("flat", ((0, rp.curve({1: 1.0, 8: 1.0})),), drafter=rp.curve({1: 0.0}))
+    s = rp.ReplaySettings(max_tokens=8, draft_max=4)
+    seconds, steps = ceiling(t, flat, s, sources=("model",))
+    # p=1: chain 11 12 13 (+bonus 99->14) reaches 5; p=5: 15 16 17 accepted, the answer ends
+    assert [(c.source, c.accepted) for c in steps] == [("model", 3), ("model", 2)] and seconds == 2.0
+    steep = dataclasses.replace(flat, target=((0, rp.curve({1: 1.0, 2: 5.0, 8: 5.0})),))
+    assert ceiling(t, steep, s, sources=("model",))[0] == 7.0  # drafting never pays: 7 plain steps

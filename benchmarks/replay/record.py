@@ -8,12 +8,16 @@ its free-running chains at every confident miss. Writes gzip JSON after every pr
 Run under the benchmark lock on a shared machine:
     flock /tmp/edgespec-bench.lock .venv/bin/python benchmarks/replay/record.py \
         --suite specbench --limit 5 --max-tokens 256 --out benchmarks/replay/traces/specbench.json.gz
+
+``--redraft``: keep the trace's prompts, plain outputs and tree records, record the drafter's
+part again (a trace from before the off-path confidences were kept); minutes, not an hour.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from edgespec.bench import replay as rp
@@ -33,14 +37,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", required=True)
     ap.add_argument("--limit", type=int, default=None, help="prompts per category (bench --limit)")
+    ap.add_argument("--split", default="tune", help="tune | validate (bench --split)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--draft-max", type=int, default=BenchSettings.draft_max)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--redraft", action="store_true", help="re-record only the drafter's part of --out")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     settings = BenchSettings(max_tokens=args.max_tokens, threads=args.threads, draft_max=args.draft_max)
-    prompts = select(load_suite(args.suite), args.limit)
+    prompts = select(load_suite(args.suite), args.limit, args.split)
     engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                                  n_seq_max=settings.draft_max + 1))
     name = default_draft_model(engine.model, engine.store)
@@ -48,10 +54,12 @@ def main() -> None:
     drafter = load_model_drafter(engine.model, engine.store.resolve(name), cfg)
     assert drafter.ctx.n_seq_max == MAX_TREE_NODES + 1
     meta = {"model": settings.model, "draft_model": name, "draft_max": settings.draft_max,
-            "n_ctx": settings.n_ctx, "share_prefill": True, "limit": args.limit,
+            "n_ctx": settings.n_ctx, "share_prefill": True, "limit": args.limit, "split": args.split,
             "machine": describe(engine.ctx.n_threads), "plain_gen_s": {}, "record_s": {}}
     done: list[rp.PromptTrace] = []
     try:
+        if args.redraft:
+            return redraft(args.out, drafter, settings.draft_max)
         for k, p in enumerate(prompts):
             t0 = time.perf_counter()
             tokens = _prompt_tokens(engine, p)
@@ -69,6 +77,20 @@ def main() -> None:
     finally:
         drafter.close()
         engine.close()
+
+
+def redraft(path: Path, drafter, draft_max: int) -> None:
+    """Records the drafter's part of every prompt of the trace at ``path`` again, in place."""
+    trace = rp.load_trace(path)
+    done = []
+    for k, p in enumerate(trace.prompts):
+        t0 = time.perf_counter()
+        d = rp.record_drafter(drafter.ctx, p.prompt, p.output, drafter.min_confidence, draft_max - 1)
+        if p.drafter is not None and [t[0] for t in d.top_ids] != [t[0] for t in p.drafter.top_ids]:
+            log.warning("%s: the drafter's greedy tokens differ from the first recording", p.id)
+        done.append(replace(p, drafter=d))
+        log.info("%d/%d %s: %.1f s", k + 1, len(trace.prompts), p.id, time.perf_counter() - t0)
+    rp.save_trace(replace(trace, prompts=tuple(done)), path)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import contextlib
 import gzip
 import json
 import logging
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.tokens import common_prefix
 from edgespec.drafters import suffix_drafter
 from edgespec.drafters.auto.drafter import AutoDrafter
+from edgespec.drafters.auto.memory import PolicyMemory
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.hybrid import HybridDrafter
 from edgespec.drafters.model import TREE_SIZES
@@ -60,6 +62,9 @@ CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto", "model-overlap", "model-t
 TREE = "-tree"
 OVERLAP = "-overlap"
 N_BATCH = 512  # prompt / sync chunks (ContextParams.n_batch)
+# Log-probs are stored to 5 places (traces before the confidence-sized chains: 3): a chain's
+# length is decided on its confidences (edgespec.drafters.auto), a smooth function of them.
+DECIMALS = 5
 
 
 # -- trace format -------------------------------------------------------------------------------
@@ -72,7 +77,9 @@ class DrafterTrace:
     ``confident[q]``: its top probability is at least ``min_confidence`` (kept exactly, as the
     stored log-probs are rounded); ``off_run[q]``: at a confident miss (``top_ids[q][0] !=
     output[q]``), how many tokens its free-running greedy chain drafts after ``top_ids[q][0]``
-    before its confidence falls below ``min_confidence`` (at most ``off_cap``); 0 elsewhere.
+    before its confidence falls below ``min_confidence`` (at most ``off_cap``); 0 elsewhere;
+    ``off_logprobs[q]``: those tokens' log-probs (its confidence in each; None in traces
+    recorded before they were kept, where replay assumes ``min_confidence``).
     """
 
     top_ids: tuple[tuple[int, ...], ...]
@@ -82,6 +89,7 @@ class DrafterTrace:
     off_run: tuple[int, ...]
     min_confidence: float
     off_cap: int
+    off_logprobs: tuple[tuple[float, ...], ...] | None = None
 
     def top(self, q: int) -> int:
         return self.top_ids[q][0]
@@ -151,10 +159,12 @@ def _prompt_to_dict(p: PromptTrace) -> dict:
     if p.drafter is not None:
         t = p.drafter
         d["drafter"] = {"top_ids": [list(x) for x in t.top_ids],
-                        "top_logprobs": [[round(v, 3) for v in x] for x in t.top_logprobs],
+                        "top_logprobs": [[round(v, DECIMALS) for v in x] for x in t.top_logprobs],
                         "plain_logprob": [round(v, 3) for v in t.plain_logprob],
                         "confident": [int(c) for c in t.confident_at], "off_run": list(t.off_run),
                         "min_confidence": t.min_confidence, "off_cap": t.off_cap}
+        if t.off_logprobs is not None:
+            d["drafter"]["off_logprobs"] = [[round(v, DECIMALS) for v in x] for x in t.off_logprobs]
     if p.trees is not None:
         d["trees"] = p.trees.to_dict()
     return d
@@ -165,13 +175,14 @@ def _prompt_from_dict(d: dict) -> PromptTrace:
     drafter = None if t is None else DrafterTrace(
         tuple(tuple(x) for x in t["top_ids"]), tuple(tuple(x) for x in t["top_logprobs"]),
         tuple(t["plain_logprob"]), tuple(bool(c) for c in t["confident"]), tuple(t["off_run"]),
-        t["min_confidence"], t["off_cap"])
+        t["min_confidence"], t["off_cap"],
+        tuple(tuple(x) for x in t["off_logprobs"]) if "off_logprobs" in t else None)
     trees = TreeTrace.from_dict(d["trees"]) if "trees" in d else None
     return PromptTrace(d["id"], d["category"], tuple(d["prompt"]), tuple(d["output"]), d["finish"], drafter, trees)
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:
-    """Writes gzip JSON (one object; token ids and 3-decimal log-probs)."""
+    """Writes gzip JSON (one object; token ids and log-probs to ``DECIMALS`` places)."""
     obj = {"version": VERSION, "suite": trace.suite, "max_tokens": trace.max_tokens, "meta": trace.meta,
            "prompts": [_prompt_to_dict(p) for p in trace.prompts]}
     with gzip.open(path, "wt", encoding="utf-8") as f:
@@ -419,16 +430,15 @@ class TraceChainDrafter:
     def nbytes(self) -> int:
         return 0
 
-    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+    def propose(self, context: Sequence[int], budget: int, stop=None) -> DraftTree:
         if budget <= 0 or len(context) + budget + 1 >= self.n_ctx:
             return DraftTree.empty(self.name)
         self._sync(context)
-        tokens = self.chain(len(context) - len(self.trace.prompt), budget)
-        appended = min(len(tokens), budget - 1)  # draft_chain decodes all but a full chain's last
-        self.cache.extend(tokens[:appended])
-        for _ in range(appended):
+        tokens, confidences, decoded = self.chain(len(context) - len(self.trace.prompt), budget, stop)
+        self.cache.extend(tokens[:decoded])
+        for _ in range(decoded):
             self.ledger.drafter(1)
-        return DraftTree.chain(tokens, self.name)
+        return DraftTree.chain(tokens, self.name, scores=np.cumprod(confidences))
 
     def guess(self, context: Sequence[int]) -> int:
         """Its greedy token after ``context``: recorded along the plain output (the only context
@@ -444,20 +454,47 @@ class TraceChainDrafter:
             self.ledger.drafter(min(N_BATCH, len(context) - start))
         self.cache.extend(context[keep:])
 
-    def chain(self, p: int, budget: int) -> list[int]:
-        """The greedy chain drafted after output[:p]; OFF_PATH marks tokens past its first miss."""
-        d, out = self.trace.drafter, self.trace.output
+    def chain(self, p: int, budget: int, stop=None) -> tuple[list[int], list[float], int]:
+        """The greedy chain drafted after output[:p] (OFF_PATH marks tokens past its first
+        miss), its confidences, and how many of its tokens draft_chain decodes: all but the
+        last unless low confidence ended it (seen only after decoding the last)."""
+        d = self.trace.drafter
         tokens: list[int] = []
+        confidences: list[float] = []
+        for token, confidence in self._walk(p):
+            if len(tokens) == budget:
+                return tokens, confidences, budget - 1
+            if confidence is None:
+                raise ValueError(f"budget {budget} exceeds the recorded off-path cap {d.off_cap}")
+            if confidence < d.min_confidence:
+                return tokens, confidences, len(tokens)
+            tokens.append(token)
+            confidences.append(confidence)
+            if stop is not None and stop(confidences):
+                return tokens, confidences, len(tokens) - 1
+        return tokens, confidences, len(tokens)
+
+    def _walk(self, p: int):
+        """(token, confidence) of the greedy chain from output position p, as far as recorded:
+        past an off-path run the next confidence is below ``min_confidence``, or unknown (None)
+        where the run reached the recorded cap."""
+        d, out = self.trace.drafter, self.trace.output
         q = p
-        while len(tokens) < budget and d.confident(q):
-            tokens.append(d.top(q))
+        while q < len(d.top_ids):
+            confidence = float(np.exp(d.top_logprobs[q][0])) if d.confident(q) else 0.0
+            if d.confident(q):  # the stored log-prob is rounded: the recorded flag decides
+                confidence = max(confidence, d.min_confidence)
+            yield d.top(q), confidence
             if d.top(q) != out[q]:
-                if d.off_run[q] >= d.off_cap and budget - len(tokens) > d.off_cap:
-                    raise ValueError(f"budget {budget} exceeds the recorded off-path cap {d.off_cap}")
-                tokens += [OFF_PATH] * min(d.off_run[q], budget - len(tokens))
-                break
+                if not d.confident(q):
+                    return
+                run = d.off_logprobs[q] if d.off_logprobs is not None else (np.log(d.min_confidence),) * d.off_run[q]
+                for lp in run:
+                    yield OFF_PATH, max(float(np.exp(lp)), d.min_confidence)
+                yield OFF_PATH, (None if d.off_run[q] >= d.off_cap else 0.0)
+                return
             q += 1
-        return tokens
+        yield OFF_PATH, 0.0  # past the recorded output: not confident
 
 
 # -- simulation -----------------------------------------------------------------------------------
@@ -468,15 +505,19 @@ class ReplaySettings:
     max_tokens: int = 256
     draft_max: int = 32
     n_ctx: int = 4096
+    # auto carries what it learned from prompt to prompt (PolicyMemory), as it does in the
+    # bench and for a user: the first prompt starts from priors, later ones from the earlier
+    remember: bool = True
 
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
 def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: MachineCosts,
-                 settings: ReplaySettings, cache: list[int] | None = None, sizes=None):
+                 settings: ReplaySettings, cache: list[int] | None = None, sizes=None, memory=None):
     """A fresh drafter for one (prompt, config), as the bench builds one per run; ``sizes``: the
-    tree-size policy (TreeSizes) the shared drafter model carries between runs."""
+    tree-size policy (TreeSizes) the shared drafter model carries between runs; ``memory``:
+    auto's PolicyMemory."""
     if config == "suffix":
         return suffix_drafter(settings.draft_max)
     if config.endswith(TREE):
@@ -491,12 +532,13 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
     if config == "hybrid" and model is not None:
         return HybridDrafter(suffix_drafter(settings.draft_max), model)
     if config == "auto":
-        return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model)
+        return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model, memory=memory,
+                           model_name="model" if memory is not None else None)
     raise ValueError(f"config {config!r} cannot be replayed from trace {trace.id} (replayable: {CONFIGS})")
 
 
 def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
-               cache: list[int] | None = None, sizes=None) -> tuple[DoneEvent, Ledger]:
+               cache: list[int] | None = None, sizes=None, memory=None) -> tuple[DoneEvent, Ledger]:
     """Runs the real request loop for one (prompt, config) over the trace: its DoneEvent (token
     ids, SpecStats) and the ledger of booked decodes.
 
@@ -506,7 +548,7 @@ def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: R
     ledger = Ledger(costs)
     seq = TraceSequence(trace, ledger, settings.n_ctx, settings.draft_max)
     step = None if config == PLAIN else SpeculativeStep(
-        make_drafter(config, trace, ledger, costs, settings, cache, sizes), settings.draft_max,
+        make_drafter(config, trace, ledger, costs, settings, cache, sizes, memory), settings.draft_max,
         overlap=config.endswith(OVERLAP))
     done = Decoder(TraceModel(trace), seq, step).generate(
         list(trace.prompt), GenerationRequest(max_tokens=settings.max_tokens, sampling=GREEDY))
@@ -516,9 +558,9 @@ def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: R
 
 
 def replay_prompt(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
-                  cache: list[int] | None = None, sizes=None) -> Record:
+                  cache: list[int] | None = None, sizes=None, memory=None) -> Record:
     """Replays one prompt under one configuration: a bench Record with simulated seconds."""
-    done, ledger = run_replay(trace, config, costs, settings, cache, sizes)
+    done, ledger = run_replay(trace, config, costs, settings, cache, sizes, memory)
     n = len(done.token_ids)
     spec = done.stats.spec
     steps = spec.steps if spec is not None else max(n - 1, 0)
@@ -559,9 +601,11 @@ def replay(trace: Trace, configs: Sequence[str], costs: MachineCosts, settings: 
     recorded = [p.trees.budgets for p in chosen if p.trees is not None]
     sizes = TreeSizes(recorded[0] if recorded else TREE_SIZES)  # one drafter model, one policy, as the bench shares
     records = []
-    for p in chosen:
-        for config in configs:
-            records.append(replay_prompt(p, config, costs, settings, cache, sizes))
+    with tempfile.TemporaryDirectory() as home:
+        memory = PolicyMemory(Path(home), "replay") if settings.remember else None
+        for p in chosen:
+            for config in configs:
+                records.append(replay_prompt(p, config, costs, settings, cache, sizes, memory))
     log.info("replayed %d runs of %s on %s", len(records), trace.suite, costs.name)
     return records
 
@@ -605,16 +649,18 @@ def teacher_forced(ctx, tokens: Sequence[int], first: int):
             yield start + i - first, rows[k]
 
 
-def _free_runs(ctx, base: int, misses: dict[int, int], min_confidence: float, cap: int) -> dict[int, int]:
-    """For each miss q -> drafted token: how many tokens the greedy chain drafts after it.
+def _free_runs(ctx, base: int, misses: dict[int, int], min_confidence: float,
+               cap: int) -> dict[int, tuple[float, ...]]:
+    """For each miss q -> drafted token: the log-probs of the tokens the greedy chain drafts
+    after it (their count is the run's length).
 
     Sequence 0 holds prompt + output; each miss gets its own sequence sharing the prefix, and
     all chains advance together, one batch per round.
     """
-    state = {}  # seq id -> [token, position, drafted after the miss, q]
+    state = {}  # seq id -> [token, position, log-probs drafted after the miss, q]
     for s, (q, token) in enumerate(misses.items(), start=1):
         ctx.seq_cp(0, s, 0, base + q)
-        state[s] = [token, base + q, 0, q]
+        state[s] = [token, base + q, [], q]
     runs = {}
     try:
         while state:
@@ -625,10 +671,11 @@ def _free_runs(ctx, base: int, misses: dict[int, int], min_confidence: float, ca
                 lp = _log_softmax(row)
                 t = int(np.argmax(lp))
                 st = state[s]
-                if np.exp(lp[t]) >= min_confidence and st[2] < cap:
-                    st[0], st[1], st[2] = t, st[1] + 1, st[2] + 1
-                if np.exp(lp[t]) < min_confidence or st[2] >= cap:
-                    runs[st[3]] = st[2]
+                if np.exp(lp[t]) >= min_confidence and len(st[2]) < cap:
+                    st[0], st[1] = t, st[1] + 1
+                    st[2].append(float(lp[t]))
+                if np.exp(lp[t]) < min_confidence or len(st[2]) >= cap:
+                    runs[st[3]] = tuple(st[2])
                     del state[s]
     finally:
         for s in range(1, len(misses) + 1):
@@ -651,12 +698,12 @@ def record_drafter(ctx, prompt: Sequence[int], output: Sequence[int], min_confid
         plain_lp[q] = float(lp[output[q]])
     confident = tuple(bool(np.exp(lps[0]) >= min_confidence) for lps in top_lps)
     misses = {q: top_ids[q][0] for q in range(n) if top_ids[q][0] != output[q] and confident[q]}
-    off = [0] * n
+    off: list[tuple[float, ...]] = [()] * n
     group = ctx.n_seq_max - 1
     items = list(misses.items())
     for g in range(0, len(items), group):
-        for q, r in _free_runs(ctx, len(prompt), dict(items[g:g + group]), min_confidence, off_cap).items():
-            off[q] = r
+        for q, run in _free_runs(ctx, len(prompt), dict(items[g:g + group]), min_confidence, off_cap).items():
+            off[q] = run
     ctx.clear()
-    return DrafterTrace(tuple(top_ids), tuple(top_lps), tuple(plain_lp), confident, tuple(off), min_confidence,
-                        off_cap)
+    return DrafterTrace(tuple(top_ids), tuple(top_lps), tuple(plain_lp), confident, tuple(len(r) for r in off),
+                        min_confidence, off_cap, tuple(off))

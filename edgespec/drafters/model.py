@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from edgespec.spec.tree_search import best_first, top_children
 log = logging.getLogger(__name__)
 
 NAME = "model"
+Stop = Callable[[Sequence[float]], bool]  # a greedy chain's confidences so far -> end it here
 MAX_TREE_NODES = 63  # the largest tree: a 64-row verification
 TREE_SIZES = (3, 7, 15, 31, 63)  # the sizes a tree policy chooses from (edgespec.drafters.auto.policy.TreeSizes)
 # A search may need a new sequence per expansion; the exact 63-node tree took more than 63
@@ -50,16 +51,20 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params: SamplingParams,
-                rng: np.random.Generator, min_confidence: float, append, source: str) -> DraftTree:
+                rng: np.random.Generator, min_confidence: float, append, source: str,
+                stop: Stop | None = None) -> DraftTree:
     """A chain of at most ``budget`` drafted tokens after ``context`` (shared by the llama.cpp
     and ONNX drafters); ``append(token)`` decodes a token and returns the logits after it.
 
     Greedy takes the argmax, sampling draws from the drafter's distribution under the request's
     sampler settings and records it (exact rejection sampling needs q). Drafting stops when the
     top probability falls below ``min_confidence``; the test uses the distribution's maximum,
-    never the drawn token, so a continuing draft is still an unconditioned sample of q.
+    never the drawn token, so a continuing draft is still an unconditioned sample of q. A greedy
+    chain's scores are the products of its tokens' confidences, and ``stop(confidences)``, asked
+    after each token, ends it before that token is decoded (a caller's cost rule).
     """
     tokens: list[int] = []
+    confidences: list[float] = []
     q_ids: list[np.ndarray] = []
     q_probs: list[np.ndarray] = []
     sampling = not params.greedy
@@ -77,10 +82,15 @@ def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params:
             token = int(np.argmax(lp))
             if np.exp(lp[token]) < min_confidence:
                 break
+            confidences.append(float(np.exp(lp[token])))
         tokens.append(token)
-        if k + 1 < budget:
+        if k + 1 < budget and not (stop is not None and not sampling and stop(confidences)):
             logits = append(token)
-    return DraftTree.chain(tokens, source, q_ids if sampling else None, q_probs if sampling else None)
+        else:
+            break
+    if sampling:
+        return DraftTree.chain(tokens, source, q_ids, q_probs)
+    return DraftTree.chain(tokens, source, scores=np.cumprod(confidences))
 
 
 class ModelDrafter:
@@ -144,7 +154,8 @@ class ModelDrafter:
         self.ctx.close()
 
     # -- drafting -----------------------------------------------------------------------------
-    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+    def propose(self, context: Sequence[int], budget: int, stop: Stop | None = None) -> DraftTree:
+        """A tree or a chain of at most ``budget`` tokens; ``stop`` may end a greedy chain early."""
         tree = self.tree and self.params.greedy
         if tree:  # sized before syncing: a step that drafts nothing decodes nothing
             budget = self.sizes.size(min(budget, MAX_TREE_NODES, self.ctx.n_seq_max - 1), self.cost)
@@ -154,16 +165,16 @@ class ModelDrafter:
         logits, _ = self.seq.sync(context)
         if tree:
             return self._tree(context, logits, budget)
-        return self._chain(context, logits, budget)
+        return self._chain(context, logits, budget, stop)
 
     def guess(self, context: Sequence[int]) -> int:
         """Its greedy choice after ``context`` (overlap: its guess of the target's next token)."""
         logits, _ = self.seq.sync(context)
         return greedy_token(logits, self.params, recent_window(list(context), self.params))
 
-    def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
+    def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int, stop: Stop | None) -> DraftTree:
         return draft_chain(context, logits, budget, self.params, self.rng, self.min_confidence,
-                           self.seq.append, NAME)
+                           self.seq.append, NAME, stop)
 
     def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
         base = len(context)

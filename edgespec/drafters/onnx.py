@@ -22,7 +22,7 @@ import numpy as np
 
 from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window
 from edgespec.decode.tokens import fast_common_prefix
-from edgespec.drafters.model import draft_chain
+from edgespec.drafters.model import Stop, draft_chain
 from edgespec.onnx.session import MASKED, OnnxLM
 from edgespec.spec.tree import DraftTree
 from edgespec.spec.tree_search import best_first, top_children
@@ -123,7 +123,8 @@ class OnnxDrafter:
                                rows=range(len(nodes)))
 
     # -- drafting -----------------------------------------------------------------------------
-    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+    def propose(self, context: Sequence[int], budget: int, stop: Stop | None = None) -> DraftTree:
+        """A tree or a chain of at most ``budget`` tokens; ``stop`` may end a greedy chain early."""
         tree = self.tree and self.params.greedy
         room = MAX_TREE_NODES + 1 if tree else budget + 1  # a tree's slots: one per expanded node
         if budget <= 0 or len(context) + room >= self.lm.n_ctx:
@@ -131,15 +132,15 @@ class OnnxDrafter:
         logits = self.sync(context)
         if tree:
             return self._tree(context, logits, min(budget, MAX_TREE_NODES))
-        return self._chain(context, logits, budget)
+        return self._chain(context, logits, budget, stop)
 
     def guess(self, context: Sequence[int]) -> int:
         """Its greedy choice after ``context`` (overlap: its guess of the target's next token)."""
         return greedy_token(self.sync(context), self.params, recent_window(list(context), self.params))
 
-    def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
+    def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int, stop: Stop | None) -> DraftTree:
         return draft_chain(context, logits, budget, self.params, self.rng, self.min_confidence,
-                           self.append, NAME)
+                           self.append, NAME, stop)
 
     def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
         tokens: list[int] = []  # the decoded nodes, in decoding order (score_tree's layout)

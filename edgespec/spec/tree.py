@@ -57,12 +57,13 @@ class DraftTree:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), source=source, match_len=match_len)
 
     @classmethod
-    def chain(cls, tokens, source: str = "", q_ids=None, q_probs=None) -> "DraftTree":
+    def chain(cls, tokens, source: str = "", q_ids=None, q_probs=None, scores=None) -> "DraftTree":
         """A linear draft: each node the child of the previous one."""
         n = len(tokens)
         return cls(np.asarray(tokens, np.int64), np.arange(-1, n - 1, dtype=np.int64),
                    None if q_ids is None else tuple(q_ids),
-                   None if q_probs is None else tuple(q_probs), source=source)
+                   None if q_probs is None else tuple(q_probs), source=source,
+                   scores=None if scores is None else np.asarray(scores, np.float64))
 
     def prefix(self, n: int) -> "DraftTree":
         """The first ``n`` nodes: a valid tree, since nodes are in topological order."""

@@ -6,6 +6,14 @@ acceptance estimates (edgespec.drafters.auto.policy), and hands the verifier the
 a model chain, or nothing (a plain step). The draft's ``source`` records the decision, so the
 per-drafter split of the stats counts the steps of each mode.
 
+A greedy model chain is sized by the drafter's own confidence in each token, calibrated
+against what the target accepted (ConfidenceCalibration): drafting stops once the chain's
+estimated survival is worth less than one more drafter pass (priced at the seconds per token
+of the best prefix so far: on a fast GPU a token is worth less), and the verified prefix is the
+one with the best expected tokens per second on the placement's verification curve. Where
+verification is expensive and steep (a target on the CPU or partly offloaded), how long a
+chain pays depends on where the drafter turns unsure, not on the average depth it reached.
+
 Estimates keep learning while a mode is not chosen: after every step the suffix draft that
 was offered is checked against the token the target actually produced (free), and the model
 drafter is re-probed with a short chain every ``probe_every`` steps.
@@ -14,8 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from edgespec.drafters.auto.policy import (ConfidenceCalibration, CostModel, DepthAcceptance, TreeDepthCalibration,
+                                           best_chain_length, best_tree_prefix)
 from edgespec.spec.tree import DraftTree
-from edgespec.drafters.auto.policy import CostModel, DepthAcceptance, TreeDepthCalibration, best_chain_length, best_tree_prefix
 
 NAME = "auto"
 MATCH_CLASSES = (1, 4, 12)  # lower bounds of the match-length classes
@@ -44,6 +55,9 @@ class AutoDrafter:
         # a guess, after a 20-token match it is usually a copy, whatever the index's counts say.
         self.suffix_calibration = {c: TreeDepthCalibration(max_depth=64, prior=0.5) for c in MATCH_CLASSES}
         self.model_acceptance = DepthAcceptance(prior=MODEL_PRIOR)
+        self.confidence = ConfidenceCalibration()
+        self._greedy = True
+        self._drafted: DraftTree | None = None  # the whole model chain of the current step
         if memory is not None:
             self._restore(memory.load())
         self._offered: DraftTree | None = None  # the suffix draft of the current step
@@ -53,7 +67,8 @@ class AutoDrafter:
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
         # A step of an earlier request that raised before observe() was never verified.
-        self._offered = self._chosen = None
+        self._offered = self._chosen = self._drafted = None
+        self._greedy = sampling is None or sampling.greedy
         self.suffix.begin(prompt, sampling=sampling, rng=rng)
         if self.model is not None:
             self.model.begin(prompt, sampling=sampling, rng=rng)
@@ -65,7 +80,8 @@ class AutoDrafter:
         if self.memory is not None:
             suffix = {str(c): cal.state() for c, cal in self.suffix_calibration.items()}
             model = self.model_acceptance.state() if self.model is not None else None
-            self.memory.save(suffix, self.model_name, model)
+            confidence = self.confidence.state() if self.model is not None else None
+            self.memory.save(suffix, self.model_name, model, confidence)
 
     def _restore(self, state: dict) -> None:
         from edgespec.drafters.auto.memory import CARRY_WEIGHT
@@ -76,6 +92,9 @@ class AutoDrafter:
         saved = state.get("drafters", {}).get(self.model_name)
         if self.model is not None and saved:
             self.model_acceptance.restore(saved, CARRY_WEIGHT)
+        saved = state.get("confidence", {}).get(self.model_name)
+        if self.model is not None and saved:
+            self.confidence.restore(saved, CARRY_WEIGHT)
 
     def close(self) -> None:
         if self.model is not None:
@@ -92,12 +111,9 @@ class AutoDrafter:
         probs = self._suffix_path_probs(offered)
         m, suffix_rate = best_tree_prefix(probs, self.cost, budget)
         k, model_rate = self._model_choice(budget)
-        if k and model_rate > suffix_rate:
-            draft = self._model_draft(context, k)
-        elif m:
-            draft = offered.prefix(m)
-        else:
-            draft = DraftTree.empty("none")
+        draft = self._model_draft(context, k, budget) if k and model_rate > suffix_rate else DraftTree.empty()
+        if not len(draft):  # no model chain, or none of it paid
+            draft = offered.prefix(m) if m else DraftTree.empty("none")
         self._chosen = draft
         self._steps_since_model = 0 if draft.source == "model" else self._steps_since_model + 1
         return draft
@@ -124,8 +140,23 @@ class AutoDrafter:
             return 2, float("inf")  # re-probe: text changes, and so does the drafter's luck
         return k, rate
 
-    def _model_draft(self, context: Sequence[int], k: int) -> DraftTree:
-        return self.model.propose(context, k).relabel("model")
+    def _model_draft(self, context: Sequence[int], k: int, budget: int) -> DraftTree:
+        """A greedy chain sized by its confidences (module docstring); else ``k`` tokens."""
+        if not self._greedy or getattr(self.model, "tree", False):
+            return self.model.propose(context, k).relabel("model")
+        chain = self.model.propose(context, budget, stop=self._stop)
+        self._drafted = chain
+        if chain.scores is None or not len(chain):
+            return chain.relabel("model")
+        n, _ = best_tree_prefix(self.confidence.path_probs(_confidences(chain)), self.cost, len(chain))
+        return chain.prefix(n).relabel("model")
+
+    def _stop(self, confidences: Sequence[float]) -> bool:
+        """Ends a chain whose next token, were it surely right, would be worth less than drafting
+        it costs: a token is worth the seconds per token of the best prefix drafted so far."""
+        probs = self.confidence.path_probs(confidences)
+        _, rate = best_tree_prefix(probs, self.cost, len(probs), margin=0.0)
+        return probs[-1] / rate < self.cost.draft_token_s
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, emitted: Sequence[int]) -> None:
@@ -133,6 +164,11 @@ class AutoDrafter:
         if chosen is not None and chosen.source == "model":
             accepted = len(emitted) - 1
             self.model_acceptance.update(len(chosen), accepted)
+        drafted, self._drafted = self._drafted, None
+        if drafted is not None and drafted.scores is not None and len(emitted):
+            # the target's continuation grades the whole chain as deep as it reaches
+            hits = [int(t) == int(e) for t, e in zip(drafted.tokens, emitted)]
+            self.confidence.update(_confidences(drafted)[:len(hits)], hits)
         scores = offered.scores if offered is not None else None
         if scores is not None and len(offered) and len(emitted):
             # The emitted tokens are the target's own continuation, whichever draft was
@@ -143,3 +179,9 @@ class AutoDrafter:
         self.suffix.observe(emitted)
         if self.model is not None:
             self.model.observe(emitted)
+
+
+def _confidences(chain: DraftTree) -> list[float]:
+    """A greedy chain's per-token confidences, from its scores (their running products)."""
+    scores = np.asarray(chain.scores, np.float64)
+    return (scores / np.concatenate(([1.0], scores[:-1]))).tolist()

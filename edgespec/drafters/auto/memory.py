@@ -1,6 +1,7 @@
 """What `auto` learned, kept across requests and runs, per placement (the target's calibration
 key: its file, GPU layers, threads, kernel): how often the suffix index's drafts are accepted
-per match-length class, and how often each drafter model's chains are, per depth.
+per match-length class, and how often each drafter model's chains are, per depth and per
+confidence of the drafted token.
 
 A request starts from it instead of from priors, so a short answer is drafted as well as the
 end of a long one; and `auto` leaves out a drafter model whose learned acceptance, at the
@@ -21,7 +22,8 @@ CARRY_WEIGHT = 6.0
 
 
 class PolicyMemory:
-    """One JSON file per placement: {"suffix": {class: [num, den]}, "drafters": {name: [[num, den]...]}}."""
+    """One JSON file per placement: {"suffix": {class: [num, den]}, "drafters": {name: [[num, den]...]},
+    "confidence": {name: [nums, dens]}} (ConfidenceCalibration's bins)."""
 
     def __init__(self, home: Path, placement_key: str):
         self.path = Path(home) / "policy" / f"{placement_key}.json"
@@ -48,11 +50,14 @@ class PolicyMemory:
     def learned(self, drafter: str) -> bool:
         return bool(self.load().get("drafters", {}).get(drafter))
 
-    def save(self, suffix: dict, drafter: str | None, drafter_state: list | None) -> None:
+    def save(self, suffix: dict, drafter: str | None, drafter_state: list | None,
+             confidence_state: list | None = None) -> None:
         state = self.load()
         state["suffix"] = suffix
         if drafter is not None and drafter_state is not None:
             state.setdefault("drafters", {})[drafter] = drafter_state
+        if drafter is not None and confidence_state is not None:
+            state.setdefault("confidence", {})[drafter] = confidence_state
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
