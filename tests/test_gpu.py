@@ -59,7 +59,7 @@ def _answers(engine: Engine, decoder: Decoder) -> list[tuple[list[int], tuple[in
 
 @skip_without_gpu
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("draft", ["model", "suffix"])
+@pytest.mark.parametrize("draft", ["model", "suffix", "auto"])
 def test_speculation_equals_plain_in_every_placement(mode, draft):
     cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode], n_threads=8,
                        draft=draft, draft_model=str(DRAFTER), draft_max=8)
@@ -69,6 +69,15 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
             # Random weights are never confident enough to draft: draft anyway, so drafting,
             # verification and rollback all run on the GPU.
             engine.drafter.min_confidence = 0.0
+        if draft == "auto" and engine.drafter.model is not None:
+            # ... and make auto believe every drafted token, so its confidence-sized chains are
+            # drafted to the budget and verified whole
+            from edgespec.drafters.auto.policy import DepthAcceptance
+
+            engine.drafter.model.min_confidence = 0.0
+            engine.drafter.model_acceptance = DepthAcceptance(prior=1.0)
+            cal = engine.drafter.confidence
+            cal.num[:] = cal.den[:] = 1e6
         # The same engine with speculation off: a plain engine of the same placement would
         # hold a different number of target layers on the GPU (no drafter beside them), and
         # different kernels move the clone's near-flat logits (an offload run parted there
@@ -81,7 +90,8 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
             if got != want:
                 j = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
                 ties.append(near_tie(engine, prompt, want, got, j))
-    if draft == "model":  # suffix drafts need repeats, which a random model may not make
+    if draft == "model" or (draft == "auto" and engine.drafter.model is not None):
+        # suffix drafts need repeats, which a random model may not make
         assert drafted > 0, "nothing was drafted"
     for t in ties:
         assert 0 <= t["gap"] <= 2 * t["local_deviation"], f"{mode}/{draft}: not a near-tie: {t}"

@@ -58,6 +58,7 @@ class AutoDrafter:
         self.confidence = ConfidenceCalibration()
         self._greedy = True
         self._drafted: DraftTree | None = None  # the whole model chain of the current step
+        self._chain_state = (0, 1.0, 1.0, 0.0)  # _stop's running sums over the chain being drafted
         if memory is not None:
             self._restore(memory.load())
         self._offered: DraftTree | None = None  # the suffix draft of the current step
@@ -153,10 +154,23 @@ class AutoDrafter:
 
     def _stop(self, confidences: Sequence[float]) -> bool:
         """Ends a chain whose next token, were it surely right, would be worth less than drafting
-        it costs: a token is worth the seconds per token of the best prefix drafted so far."""
-        probs = self.confidence.path_probs(confidences)
-        _, rate = best_tree_prefix(probs, self.cost, len(probs), margin=0.0)
-        return probs[-1] / rate < self.cost.draft_token_s
+        it costs: a token is worth the seconds per token of the best prefix drafted so far.
+        Asked after every drafted token, so it keeps the chain's running sums (O(1) a token)."""
+        k = len(confidences)
+        if k == 1 or self._chain_state[0] != k - 1:
+            self._chain_state = (0, 1.0, 1.0, 1.0 / self.cost.verify(1))  # a plain step
+            for c in confidences[:-1]:
+                self._extend(c)
+        self._extend(confidences[-1])
+        _, survive, _, rate = self._chain_state
+        return survive / rate < self.cost.draft_token_s
+
+    def _extend(self, confidence: float) -> None:
+        """(tokens, survival, expected emitted, best rate of a prefix) after one more token."""
+        k, survive, expected, rate = self._chain_state
+        survive *= self.confidence.value(confidence)
+        expected += survive
+        self._chain_state = (k + 1, survive, expected, max(rate, expected / self.cost.verify(k + 2)))
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, emitted: Sequence[int]) -> None:
