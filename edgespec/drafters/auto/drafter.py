@@ -59,6 +59,7 @@ class AutoDrafter:
         self._greedy = True
         self._drafted: DraftTree | None = None  # the whole model chain of the current step
         self._chain_state = (0, 1.0, 1.0, 0.0)  # _stop's running sums over the chain being drafted
+        self._floor = 0.0  # tokens/s of the best draft on offer besides the model's chain
         if memory is not None:
             self._restore(memory.load())
         self._offered: DraftTree | None = None  # the suffix draft of the current step
@@ -112,6 +113,7 @@ class AutoDrafter:
         probs = self._suffix_path_probs(offered)
         m, suffix_rate = best_tree_prefix(probs, self.cost, budget)
         k, model_rate = self._model_choice(budget)
+        self._floor = suffix_rate  # what the model's chain must beat
         draft = self._model_draft(context, k, budget) if k and model_rate > suffix_rate else DraftTree.empty()
         if not len(draft):  # no model chain, or none of it paid
             draft = offered.prefix(m) if m else DraftTree.empty("none")
@@ -154,11 +156,12 @@ class AutoDrafter:
 
     def _stop(self, confidences: Sequence[float]) -> bool:
         """Ends a chain whose next token, were it surely right, would be worth less than drafting
-        it costs: a token is worth the seconds per token of the best prefix drafted so far.
+        it costs: a token is worth the seconds per token of the best step on offer (a prefix
+        drafted so far, the suffix index's draft, a plain step).
         Asked after every drafted token, so it keeps the chain's running sums (O(1) a token)."""
         k = len(confidences)
         if k == 1 or self._chain_state[0] != k - 1:
-            self._chain_state = (0, 1.0, 1.0, 1.0 / self.cost.verify(1))  # a plain step
+            self._chain_state = (0, 1.0, 1.0, max(1.0 / self.cost.verify(1), self._floor))  # plain, or suffix
             for c in confidences[:-1]:
                 self._extend(c)
         self._extend(confidences[-1])
