@@ -43,8 +43,9 @@ from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.tokens import common_prefix
 from edgespec.drafters import suffix_drafter
-from edgespec.drafters.auto.drafter import AutoDrafter
+from edgespec.drafters.auto.drafter import MODEL_PRIOR, AutoDrafter
 from edgespec.drafters.auto.memory import PolicyMemory
+from edgespec.drafters.auto.select import pays
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.hybrid import HybridDrafter
 from edgespec.drafters.model import TREE_SIZES
@@ -532,9 +533,20 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
     if config == "hybrid" and model is not None:
         return HybridDrafter(suffix_drafter(settings.draft_max), model)
     if config == "auto":
+        model = model if model is not None and auto_loads(costs, settings, memory) else None
         return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model, memory=memory,
                            model_name="model" if memory is not None else None)
     raise ValueError(f"config {config!r} cannot be replayed from trace {trace.id} (replayable: {CONFIGS})")
+
+
+def auto_loads(costs: MachineCosts, settings: ReplaySettings, memory=None) -> bool:
+    """Whether `auto` would load the drafter model (edgespec.drafters.auto.select's rule): only
+    if its chains beat plain steps at the acceptance it expects (learned in ``memory``, else its
+    prior). The bench builds auto per run, so replay asks per prompt."""
+    policy = costs.policy_model()
+    alphas = (memory.drafter_alphas("model", settings.draft_max) if memory is not None
+              else [MODEL_PRIOR] * settings.draft_max)
+    return pays(policy, policy.draft_token_s, settings.draft_max, alphas)
 
 
 def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
