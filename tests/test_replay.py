@@ -234,3 +234,12 @@ def test_ceiling_picks_the_cheapest_sequence_of_steps():
     assert [(c.source, c.accepted) for c in steps] == [("model", 3), ("model", 2)] and seconds == 2.0
     steep = dataclasses.replace(flat, target=((0, rp.curve({1: 1.0, 2: 5.0, 8: 5.0})),))
     assert ceiling(t, steep, s, sources=("model",))[0] == 7.0  # drafting never pays: 7 plain steps
+
+
+def test_replayed_auto_loads_the_drafter_only_where_its_rule_says_it_pays(trace):
+    steep = rp.MachineCosts("steep", ((0, rp.curve({1: 1.0, 2: 1.9, 16: 20.0})),), drafter=rp.curve({1: 0.3}))
+    cheap = rp.MachineCosts("cheap", ((0, rp.curve({1: 1.0, 2: 1.05, 16: 1.5})),), drafter=rp.curve({1: 0.01}))
+    assert not rp.auto_loads(steep, SETTINGS) and rp.auto_loads(cheap, SETTINGS)
+    p = trace.prompts[0]
+    assert rp.run_replay(p, "auto", steep, SETTINGS)[1].drafter_rows == 0  # never loaded, never synced
+    assert rp.run_replay(p, "auto", cheap, SETTINGS)[1].drafter_rows > 0
