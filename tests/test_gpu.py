@@ -70,8 +70,8 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
             # verification and rollback all run on the GPU.
             engine.drafter.min_confidence = 0.0
         if draft == "auto" and engine.drafter.model is not None:
-            # ... and make auto believe every drafted token, so its confidence-sized chains are
-            # drafted to the budget and verified whole
+            # ... and make auto believe every drafted token, so it drafts with the model and
+            # verifies what it drafted
             from edgespec.drafters.auto.policy import DepthAcceptance
 
             engine.drafter.model.min_confidence = 0.0

@@ -166,15 +166,15 @@ def test_auto_verifies_the_chain_up_to_where_the_drafter_turns_unsure():
 
     # a CPU-verified target: 3 tokens verify for 1.3 steps, 8 for 3
     curve = ((1, 2, 4, 8, 16), (0.1, 0.11, 0.13, 0.3, 0.35))
-    steep = CostModel(*curve, draft_token_s=0.001)
+    steep = CostModel(*curve, draft_token_s=0.0012)
     model = _FixedChain([0.99, 0.98, 0.99, 0.35, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3])
     auto = AutoDrafter(SuffixDrafter(), steep, model=model)
     auto.begin([1, 2, 3])
     draft = auto.propose([1, 2, 3], 8)
     assert draft.source == "model" and len(draft) == 3
     # drafting stops where the chain's survival (0.99 * 0.98 * 0.99 * 0.35 * 0.3 ** k) times the
-    # best prefix's seconds per token (0.13 s / 3.92 tokens) is below a drafter pass: 1 ms, 20 ms
-    assert model.asked == [7]
+    # best prefix's seconds per token (0.13 s / 3.92 tokens) is below a drafter pass: 1.2 ms, 20 ms
+    assert model.asked == [6]
     auto.observe([100, 101, 102, 7])  # the target took the three sure tokens and not the 4th
     cal = auto.confidence  # graded: three hits at 0.9-1.0, one miss at 0.3-0.4, nothing after it
     assert cal.num[9] == pytest.approx(cal.den[9]) and cal.den[9] > 2.9 and (cal.num[3], cal.den[3]) == (0, 1)
@@ -182,3 +182,21 @@ def test_auto_verifies_the_chain_up_to_where_the_drafter_turns_unsure():
     dear = AutoDrafter(SuffixDrafter(), CostModel(*curve, draft_token_s=0.02), model=_FixedChain(model.confidences))
     dear.begin([1, 2, 3])
     assert len(dear.propose([1, 2, 3], 8)) == 3 and dear.model.asked == [4]
+
+
+def test_what_the_confidences_taught_is_kept_for_the_next_request(tmp_path):
+    from edgespec.drafters.auto.drafter import AutoDrafter
+    from edgespec.drafters.auto.memory import CARRY_WEIGHT, PolicyMemory
+    from edgespec.drafters.suffix import SuffixDrafter
+
+    memory = PolicyMemory(tmp_path, "placement")
+    first = AutoDrafter(SuffixDrafter(), CPU, model=_FixedChain([0.5]), memory=memory, model_name="d.gguf")
+    first.begin([1, 2, 3])
+    for _ in range(20):  # half-sure tokens the target always took
+        first.confidence.update([0.55], [True])
+    first.end()
+    second = AutoDrafter(SuffixDrafter(), CPU, model=_FixedChain([0.5]), memory=memory, model_name="d.gguf")
+    assert second.confidence.den[5] == pytest.approx(CARRY_WEIGHT)  # scaled down: a new request can move it
+    assert second.confidence.value(0.55) > 0.8 and second.confidence.value(0.95) == pytest.approx(0.95)
+    other = AutoDrafter(SuffixDrafter(), CPU, model=_FixedChain([0.5]), memory=memory, model_name="other.gguf")
+    assert other.confidence.value(0.55) == pytest.approx(0.55)  # another drafter model learns apart

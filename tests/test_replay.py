@@ -152,6 +152,13 @@ def test_chain_follows_the_plain_output_then_the_recorded_off_path_run():
     out = [10, 11, 12, 13, 14, 15]
     t = hand_trace(out, [10, 11, 99, 13, 14, 15], [1, 1, 1, 1, 0, 1], [0, 0, 3, 0, 0, 0])
     chain = lambda p, budget: rp.TraceChainDrafter(t, rp.Ledger(UNIT), N_CTX).chain(p, budget)[0]
+    tokens, confidences, decoded = rp.TraceChainDrafter(t, rp.Ledger(UNIT), N_CTX).chain(0, 8)
+    # hand_trace's log-probs are 0 (confidence 1); the off-path run was recorded without its
+    # own, so it is priced at min_confidence; low confidence after the run ended the chain
+    assert confidences == [1.0, 1.0, 1.0, 0.4, 0.4, 0.4] and decoded == 6
+    stop = lambda conf: len(conf) == 2  # noqa: E731
+    assert rp.TraceChainDrafter(t, rp.Ledger(UNIT), N_CTX).chain(0, 8, stop)[::2] == ([10, 11], 1)
+    assert rp.TraceChainDrafter(t, rp.Ledger(UNIT), N_CTX).chain(0, 2)[::2] == ([10, 11], 1)  # the budget
     assert chain(0, 8) == [10, 11, 99, rp.OFF_PATH, rp.OFF_PATH, rp.OFF_PATH]  # miss at 2, 3 more
     assert chain(0, 4) == [10, 11, 99, rp.OFF_PATH]  # the budget cuts the off-path run
     assert chain(0, 2) == [10, 11]
@@ -230,8 +237,11 @@ def test_ceiling_picks_the_cheapest_sequence_of_steps():
     flat = rp.MachineCosts("flat", ((0, rp.curve({1: 1.0, 8: 1.0})),), drafter=rp.curve({1: 0.0}))
     s = rp.ReplaySettings(max_tokens=8, draft_max=4)
     seconds, steps = ceiling(t, flat, s, sources=("model",))
-    # p=1: chain 11 12 13 (+bonus 99->14) reaches 5; p=5: 15 16 17 accepted, the answer ends
+    # p=1: 11 12 13 accepted (99 refused), 14 the bonus; p=5: 15 16 accepted, 17 the bonus: the end
     assert [(c.source, c.accepted) for c in steps] == [("model", 3), ("model", 2)] and seconds == 2.0
+    unsure = hand_trace(out, [10, 11, 12, 13, 99, 15, 16, 17], [1, 1, 1, 0, 1, 1, 1, 1], [0] * 8)
+    seconds, steps = ceiling(unsure, flat, s, sources=("model",))  # the drafter stops before 13
+    assert [c.accepted for c in steps] == [2, 0, 2] and seconds == 3.0
     steep = dataclasses.replace(flat, target=((0, rp.curve({1: 1.0, 2: 5.0, 8: 5.0})),))
     assert ceiling(t, steep, s, sources=("model",))[0] == 7.0  # drafting never pays: 7 plain steps
 

@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     settings = rp.ReplaySettings(max_tokens=args.max_tokens)
-    configs = args.configs.split(",") + ([CEILING] if args.ceiling else [])
+    configs = ["plain"] + [c for c in args.configs.split(",") if c != "plain"] + ([CEILING] if args.ceiling else [])
     out: dict[str, dict] = {}
     print("| trace | placement | plain tok/s | " + " | ".join(configs[1:]) + " |")
     print("|---" * (len(configs) + 2) + "|")
@@ -42,7 +42,7 @@ def main() -> None:
         label = Path(label).name.removesuffix(".json.gz")
         for name in args.placements.split(","):
             costs = load_costs(name)
-            records = rp.replay(trace, args.configs.split(","), costs, settings)
+            records = rp.replay(trace, configs[:-1] if args.ceiling else configs, costs, settings)
             if args.ceiling:
                 records += [ceiling_record(p, costs, settings, args.ceiling.split(",")) for p in trace.prompts]
             cells = {cfg: v[OVERALL] for cfg, v in summarize(records).items()}

@@ -59,7 +59,7 @@ def main() -> None:
     done: list[rp.PromptTrace] = []
     try:
         if args.redraft:
-            return redraft(args.out, drafter, settings.draft_max)
+            return redraft(args.out, drafter)
         for k, p in enumerate(prompts):
             t0 = time.perf_counter()
             tokens = _prompt_tokens(engine, p)
@@ -79,14 +79,17 @@ def main() -> None:
         engine.close()
 
 
-def redraft(path: Path, drafter, draft_max: int) -> None:
-    """Records the drafter's part of every prompt of the trace at ``path`` again, in place."""
+def redraft(path: Path, drafter) -> None:
+    """Records the drafter's part of every prompt of the trace at ``path`` again, in place,
+    with the settings it was recorded with."""
     trace = rp.load_trace(path)
     done = []
     for k, p in enumerate(trace.prompts):
         t0 = time.perf_counter()
-        d = rp.record_drafter(drafter.ctx, p.prompt, p.output, drafter.min_confidence, draft_max - 1)
-        if p.drafter is not None and [t[0] for t in d.top_ids] != [t[0] for t in p.drafter.top_ids]:
+        old = p.drafter
+        confidence, cap = (old.min_confidence, old.off_cap) if old else (drafter.min_confidence, 31)
+        d = rp.record_drafter(drafter.ctx, p.prompt, p.output, confidence, cap)
+        if old is not None and [t[0] for t in d.top_ids] != [t[0] for t in old.top_ids]:
             log.warning("%s: the drafter's greedy tokens differ from the first recording", p.id)
         done.append(replace(p, drafter=d))
         log.info("%d/%d %s: %.1f s", k + 1, len(trace.prompts), p.id, time.perf_counter() - t0)

@@ -1,6 +1,6 @@
 """Replays recorded traces against a named cost model: steps, tokens/s and speedups per config.
 
-    .venv/bin/python benchmarks/replay/simulate.py --costs gpu-7b --traces specbench,code-edit \
+    .venv/bin/python benchmarks/replay/simulate.py --costs gpu-7b --traces specbench-30,code-edit \
         --configs plain,suffix,model,hybrid,auto [--max-tokens 256] [--draft-max 32] [--json out.json] \
         [--ceiling model,tree,suffix]
 
@@ -66,7 +66,7 @@ def table(records, title: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--costs", required=True)
-    ap.add_argument("--traces", default="specbench,code-edit")
+    ap.add_argument("--traces", default="specbench-30,code-edit")
     ap.add_argument("--configs", default="plain,suffix,model,hybrid,auto")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--draft-max", type=int, default=32)

@@ -1,9 +1,10 @@
 """The best any draft-size policy could do with the drafts a trace records: a replay ceiling.
 
 A policy decides, before each step, what to verify: a prefix of the drafter model's greedy
-chain, a recorded best-first tree of some size, the suffix index's proposal, or nothing. For
-greedy decoding what each choice would accept at every output position is known from the trace
-(the chain follows the plain output while the drafter's argmax equals it; trees and suffix
+chain, a recorded best-first tree of some size, a prefix of the suffix index's proposal, or
+nothing. For greedy decoding what each choice would accept at every output position is known
+from the trace (the chain follows the plain output while the drafter's argmax equals it and it
+is confident enough to go on, as the drafter stops below ``min_confidence``; trees and suffix
 proposals accept their longest path along it), and so is what it costs on a machine. The
 fastest sequence of choices is then a shortest path over output positions, solved backwards:
 
@@ -13,12 +14,13 @@ fastest sequence of choices is then a shortest path over output positions, solve
 No policy over the same drafts (auto's, TreeSizes', a confidence rule) can beat it, so a goal
 above it is out of reach for these drafters on that machine, whatever the policy. It is
 optimistic on purpose: drafting is priced as decodes alone (one per chain token, the recorded
-search rounds for a tree, nothing for the suffix index), with no sync of the drafter's cache.
+search rounds for a tree, nothing for the suffix index), with no sync of the drafter's cache;
+drafting beside verification (overlap) is not modelled, so ``model-overlap`` may pass it.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgespec.bench.replay import MachineCosts, PromptTrace, ReplaySettings
 from edgespec.bench.summary import Record
@@ -41,17 +43,19 @@ class Choice:
 
 
 def chain_runs(trace: PromptTrace) -> list[int]:
-    """runs[q]: how many drafter-argmax tokens from output position q on follow the output."""
+    """runs[q]: how many drafter-argmax tokens from output position q on follow the output
+    before the drafter misses or is too unsure to go on."""
     d, out = trace.drafter, trace.output
     runs = [0] * (len(out) + 1)
     for q in range(min(len(out), len(d.top_ids)) - 1, -1, -1):
-        runs[q] = runs[q + 1] + 1 if d.top(q) == out[q] else 0
+        runs[q] = runs[q + 1] + 1 if d.top(q) == out[q] and d.confident(q) else 0
     return runs
 
 
-def suffix_accepts(trace: PromptTrace, n: int, draft_max: int) -> list[tuple[int, int]]:
-    """(drafted, accepted) of the suffix index's proposal after output[:p], for p < n, with the
-    index fed the prompt and the output so far (one request, as replay's runs start fresh)."""
+def suffix_accepts(trace: PromptTrace, n: int, draft_max: int) -> list[list[int]]:
+    """What each prefix of the suffix index's proposal after output[:p] accepts (entry m - 1:
+    its first m nodes), for p < n, the index fed the prompt and the output so far (one request,
+    as replay's runs start fresh). A policy may verify any prefix (auto does)."""
     drafter = suffix_drafter(draft_max)
     drafter.begin(list(trace.prompt))
     context = list(trace.prompt)
@@ -61,13 +65,13 @@ def suffix_accepts(trace: PromptTrace, n: int, draft_max: int) -> list[tuple[int
             drafter.observe([trace.output[p - 1]])
             context.append(trace.output[p - 1])
         tree = drafter.propose(context, draft_max)
-        out.append((len(tree), len(accepted_path(tree, trace.output[p:]))))
+        out.append([len(accepted_path(tree.prefix(m), trace.output[p:])) for m in range(1, len(tree) + 1)])
     drafter.end()
     return out
 
 
 def choices(trace: PromptTrace, p: int, costs: MachineCosts, settings: ReplaySettings, sources: Sequence[str],
-            runs: list[int], suffix: list[tuple[int, int]]) -> list[Choice]:
+            runs: list[int], suffix: list[list[int]]) -> list[Choice]:
     """Every choice at output position p (p tokens emitted; output[p] is the next one)."""
     depth = len(trace.prompt) + p - 1
     verify = lambda n: costs.verify(n, depth) + costs.step_s
@@ -83,8 +87,8 @@ def choices(trace: PromptTrace, p: int, costs: MachineCosts, settings: ReplaySet
             search = sum(costs.draft(expansions // rounds + (r < expansions % rounds)) for r in range(rounds))
             found.append(Choice("tree", size, t.accepted[p][k],
                                 verify(size + 1) + search + expansions * costs.node_s))
-    if "suffix" in sources and suffix[p][0]:
-        found.append(Choice("suffix", suffix[p][0], suffix[p][1], verify(suffix[p][0] + 1)))
+    if "suffix" in sources:
+        found += [Choice("suffix", m, a, verify(m + 1)) for m, a in enumerate(suffix[p], start=1)]
     return found
 
 
@@ -97,14 +101,17 @@ def ceiling(trace: PromptTrace, costs: MachineCosts, settings: ReplaySettings = 
     suffix = suffix_accepts(trace, n, settings.draft_max) if "suffix" in sources else []
     best = [0.0] * (n + 1)
     pick: list[Choice | None] = [None] * (n + 1)
+    unknown = set(sources) - set(SOURCES)
+    if unknown:
+        raise ValueError(f"unknown ceiling sources {sorted(unknown)} (known: {', '.join(SOURCES)})")
     for p in range(n - 1, 0, -1):
         for c in choices(trace, p, costs, settings, sources, runs, suffix):
             s = c.seconds + best[min(n, p + c.accepted + 1)]
             if pick[p] is None or s < best[p]:
                 best[p], pick[p] = s, c
     steps, p = [], 1
-    while p < n:
-        steps.append(pick[p])
+    while p < n:  # accepted counts only what is left of the answer
+        steps.append(replace(pick[p], accepted=min(pick[p].accepted, n - p - 1)))
         p += pick[p].accepted + 1
     return best[1] if n > 1 else 0.0, steps
 
@@ -118,5 +125,5 @@ def ceiling_record(trace: PromptTrace, costs: MachineCosts, settings: ReplaySett
     drafted = [c for c in steps if c.source != "plain"]
     return Record(id=trace.id, category=trace.category, config=CEILING, new_tokens=n, gen_s=seconds,
                   prefill_s=0.0, steps=len(steps), drafted=sum(c.drafted for c in drafted),
-                  accepted=sum(min(c.accepted, n) for c in drafted), peak_rss_bytes=0, text="",
+                  accepted=sum(c.accepted for c in drafted), peak_rss_bytes=0, text="",
                   gen_tokens=max(n - 1, 0), same_as_plain=True)

@@ -45,8 +45,8 @@ from edgespec.decode.tokens import common_prefix
 from edgespec.drafters import suffix_drafter
 from edgespec.drafters.auto.drafter import MODEL_PRIOR, AutoDrafter
 from edgespec.drafters.auto.memory import PolicyMemory
-from edgespec.drafters.auto.select import pays
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
+from edgespec.drafters.auto.select import pays
 from edgespec.drafters.hybrid import HybridDrafter
 from edgespec.drafters.model import TREE_SIZES
 from edgespec.spec.step import SpeculativeStep
@@ -471,7 +471,7 @@ class TraceChainDrafter:
                 return tokens, confidences, len(tokens)
             tokens.append(token)
             confidences.append(confidence)
-            if stop is not None and stop(confidences):
+            if len(tokens) < budget and stop is not None and stop(confidences):
                 return tokens, confidences, len(tokens) - 1
         return tokens, confidences, len(tokens)
 
@@ -485,10 +485,8 @@ class TraceChainDrafter:
             confidence = float(np.exp(d.top_logprobs[q][0])) if d.confident(q) else 0.0
             if d.confident(q):  # the stored log-prob is rounded: the recorded flag decides
                 confidence = max(confidence, d.min_confidence)
-            yield d.top(q), confidence
+            yield d.top(q), confidence  # the caller stops here unless it was confident
             if d.top(q) != out[q]:
-                if not d.confident(q):
-                    return
                 run = d.off_logprobs[q] if d.off_logprobs is not None else (np.log(d.min_confidence),) * d.off_run[q]
                 for lp in run:
                     yield OFF_PATH, max(float(np.exp(lp)), d.min_confidence)
@@ -593,6 +591,9 @@ def check_settings(trace: Trace, settings: ReplaySettings, configs: Sequence[str
     caps = {p.drafter.off_cap for p in trace.prompts if p.drafter is not None}
     if chains and caps and settings.draft_max > min(caps) + 1:
         raise ValueError(f"draft_max {settings.draft_max} exceeds the recorded chains ({min(caps) + 1} tokens)")
+    if "auto" in configs and any(p.drafter is not None and p.drafter.off_logprobs is None for p in trace.prompts):
+        log.warning("%s: recorded before off-path confidences were kept; auto's chains past a miss are "
+                    "priced at min_confidence (record.py --redraft records them)", trace.suite)
     if any(c.endswith(TREE) for c in configs):
         for p in trace.prompts:
             if p.trees is None or len(p.trees.accepted) < min(len(p.output), settings.max_tokens) - 1:

@@ -151,19 +151,16 @@ class AutoDrafter:
         self._drafted = chain
         if chain.scores is None or not len(chain):
             return chain.relabel("model")
-        n, _ = best_tree_prefix(self.confidence.path_probs(_confidences(chain)), self.cost, len(chain))
-        return chain.prefix(n).relabel("model")
+        n, rate = best_tree_prefix(self.confidence.path_probs(_confidences(chain)), self.cost, len(chain))
+        return chain.prefix(n if rate > self._floor else 0).relabel("model")  # else the suffix draft
 
     def _stop(self, confidences: Sequence[float]) -> bool:
         """Ends a chain whose next token, were it surely right, would be worth less than drafting
         it costs: a token is worth the seconds per token of the best step on offer (a prefix
         drafted so far, the suffix index's draft, a plain step).
         Asked after every drafted token, so it keeps the chain's running sums (O(1) a token)."""
-        k = len(confidences)
-        if k == 1 or self._chain_state[0] != k - 1:
+        if len(confidences) == 1:  # a new chain
             self._chain_state = (0, 1.0, 1.0, max(1.0 / self.cost.verify(1), self._floor))  # plain, or suffix
-            for c in confidences[:-1]:
-                self._extend(c)
         self._extend(confidences[-1])
         _, survive, _, rate = self._chain_state
         return survive / rate < self.cost.draft_token_s
