@@ -9,8 +9,9 @@ per-drafter split of the stats counts the steps of each mode.
 A greedy model chain is sized by the drafter's own confidence in each token, calibrated
 against what the target accepted (ConfidenceCalibration): drafting stops once the chain's
 estimated survival is worth less than one more drafter pass (priced at the seconds per token
-of the best prefix so far: on a fast GPU a token is worth less), and the verified prefix is the
-one with the best expected tokens per second on the placement's verification curve. Where
+of the best step on offer: a prefix so far, the suffix draft, a plain step; on a fast GPU a
+token is worth less), and the verified prefix is the one with the best expected tokens per
+second on the placement's verification curve, if it beats the suffix draft. Where
 verification is expensive and steep (a target on the CPU or partly offloaded), how long a
 chain pays depends on where the drafter turns unsure, not on the average depth it reached.
 
@@ -198,4 +199,5 @@ class AutoDrafter:
 def _confidences(chain: DraftTree) -> list[float]:
     """A greedy chain's per-token confidences, from its scores (their running products)."""
     scores = np.asarray(chain.scores, np.float64)
-    return (scores / np.concatenate(([1.0], scores[:-1]))).tolist()
+    before = np.concatenate(([1.0], scores[:-1]))
+    return np.divide(scores, before, out=np.zeros_like(scores), where=before > 0).tolist()  # underflow: 0
