@@ -83,10 +83,9 @@ def choices(trace: PromptTrace, p: int, costs: MachineCosts, settings: ReplaySet
     t = trace.trees
     if "tree" in sources and t is not None and p < len(t.accepted):
         for k, size in enumerate(t.budgets):
-            rounds, expansions = t.rounds[p][k], t.expansions[p][k]
-            search = sum(costs.draft(expansions // rounds + (r < expansions % rounds)) for r in range(rounds))
+            search = sum(costs.draft(n) for n in t.round_rows(p, k))
             found.append(Choice("tree", size, t.accepted[p][k],
-                                verify(size + 1) + search + expansions * costs.node_s))
+                                verify(size + 1) + search + t.expansions[p][k] * costs.node_s))
     if "suffix" in sources:
         found += [Choice("suffix", m, a, verify(m + 1)) for m, a in enumerate(suffix[p], start=1)]
     return found

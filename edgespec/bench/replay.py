@@ -114,6 +114,12 @@ class TreeTrace:
     round_size: int | None
     max_expansions: int
 
+    def round_rows(self, q: int, k: int) -> list[int]:
+        """Rows decoded by each search round of the tree after output[:q] of budget index k: the
+        rounds' sizes are not kept, so an even split of the recorded expansions."""
+        rounds, expansions = self.rounds[q][k], self.expansions[q][k]
+        return [expansions // rounds + (r < expansions % rounds) for r in range(rounds)]
+
     def to_dict(self) -> dict:
         return {"budgets": list(self.budgets), "accepted": [list(x) for x in self.accepted],
                 "rounds": [list(x) for x in self.rounds], "expansions": [list(x) for x in self.expansions],

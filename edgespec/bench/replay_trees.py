@@ -111,10 +111,8 @@ class TraceTreeDrafter(TraceChainDrafter):
             return DraftTree.empty(self.name)
         self._sync(context)
         k = t.budgets.index(size)
-        rounds, expansions = t.rounds[q][k], t.expansions[q][k]
         booked = self.ledger.drafter_s
-        for r in range(rounds):  # the recorded rounds' sizes are not kept: an even split
-            n = expansions // rounds + (r < expansions % rounds)
+        for n in t.round_rows(q, k):
             self.ledger.drafter(n, expanded=n)
         self.sizes.searched(size, self.ledger.drafter_s - booked)
         self._verifying = self._tree(q, size, t.accepted[q][k], t.ranks[q])
