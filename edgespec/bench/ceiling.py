@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from edgespec.bench.replay import MachineCosts, PromptTrace, ReplaySettings
 from edgespec.bench.summary import Record
 from edgespec.drafters import suffix_drafter
-from edgespec.spec.tree_search import accepted_path
+from edgespec.spec.tree_search import accepted_by, accepted_path
 
 SOURCES = ("model", "tree", "suffix")
 CEILING = "ceiling"
@@ -65,7 +65,8 @@ def suffix_accepts(trace: PromptTrace, n: int, draft_max: int) -> list[list[int]
             drafter.observe([trace.output[p - 1]])
             context.append(trace.output[p - 1])
         tree = drafter.propose(context, draft_max)
-        out.append([len(accepted_path(tree.prefix(m), trace.output[p:])) for m in range(1, len(tree) + 1)])
+        by_prefix = accepted_by(accepted_path(tree, trace.output[p:]), range(1, len(tree) + 1))
+        out.append([by_prefix[m] for m in range(1, len(tree) + 1)])
     drafter.end()
     return out
 
@@ -95,14 +96,14 @@ def ceiling(trace: PromptTrace, costs: MachineCosts, settings: ReplaySettings = 
             sources: Sequence[str] = SOURCES) -> tuple[float, list[Choice]]:
     """The oracle's decode seconds for the answer's first ``max_tokens`` tokens (the EOG's
     decode included, as plain pays it) and its steps."""
+    unknown = set(sources) - set(SOURCES)
+    if unknown:
+        raise ValueError(f"unknown ceiling sources {sorted(unknown)} (known: {', '.join(SOURCES)})")
     n = min(len(trace.output), settings.max_tokens)
     runs = chain_runs(trace) if trace.drafter is not None else []
     suffix = suffix_accepts(trace, n, settings.draft_max) if "suffix" in sources else []
     best = [0.0] * (n + 1)
     pick: list[Choice | None] = [None] * (n + 1)
-    unknown = set(sources) - set(SOURCES)
-    if unknown:
-        raise ValueError(f"unknown ceiling sources {sorted(unknown)} (known: {', '.join(SOURCES)})")
     for p in range(n - 1, 0, -1):
         for c in choices(trace, p, costs, settings, sources, runs, suffix):
             s = c.seconds + best[min(n, p + c.accepted + 1)]

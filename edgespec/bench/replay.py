@@ -48,7 +48,7 @@ from edgespec.drafters.auto.memory import PolicyMemory
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.auto.select import pays
 from edgespec.drafters.hybrid import HybridDrafter
-from edgespec.drafters.model import TREE_SIZES
+from edgespec.drafters.model import TREE_SIZES, log_softmax
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
 
@@ -488,9 +488,8 @@ class TraceChainDrafter:
         d, out = self.trace.drafter, self.trace.output
         q = p
         while q < len(d.top_ids):
-            confidence = float(np.exp(d.top_logprobs[q][0])) if d.confident(q) else 0.0
-            if d.confident(q):  # the stored log-prob is rounded: the recorded flag decides
-                confidence = max(confidence, d.min_confidence)
+            # the stored log-prob is rounded: the recorded flag decides whether it was confident
+            confidence = max(float(np.exp(d.top_logprobs[q][0])), d.min_confidence) if d.confident(q) else 0.0
             yield d.top(q), confidence  # the caller stops here unless it was confident
             if d.top(q) != out[q]:
                 run = d.off_logprobs[q] if d.off_logprobs is not None else (np.log(d.min_confidence),) * d.off_run[q]
@@ -651,12 +650,6 @@ def record_plain(decoder: Decoder, prompt: Sequence[int], max_tokens: int) -> tu
     return tuple(output), done.stats.finish_reason
 
 
-def _log_softmax(row: np.ndarray) -> np.ndarray:
-    x = row.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
-
-
 def teacher_forced(ctx, tokens: Sequence[int], first: int):
     """Decodes ``tokens`` in sequence 0 in ``n_batch`` chunks; yields (i - first, logits after
     tokens[:i + 1]) for every i >= first."""
@@ -687,7 +680,7 @@ def _free_runs(ctx, base: int, misses: dict[int, int], min_confidence: float,
             rows = ctx.decode([state[s][0] for s in seqs], [state[s][1] for s in seqs], [[s] for s in seqs],
                               [True] * len(seqs))
             for s, row in zip(seqs, rows):
-                lp = _log_softmax(row)
+                lp = log_softmax(row)
                 t = int(np.argmax(lp))
                 st = state[s]
                 if np.exp(lp[t]) >= min_confidence and len(st[2]) < cap:
@@ -711,7 +704,7 @@ def record_drafter(ctx, prompt: Sequence[int], output: Sequence[int], min_confid
     top_ids, top_lps, plain_lp = [()] * n, [()] * n, [0.0] * n
     # prompt + output[:-1]: row q (from the prompt's last token on) predicts output[q]
     for q, row in teacher_forced(ctx, list(prompt) + list(output[:-1]), len(prompt) - 1):
-        lp = _log_softmax(row)
+        lp = log_softmax(row)
         ids = np.argsort(-lp, kind="stable")[:top_k]
         top_ids[q], top_lps[q] = tuple(int(i) for i in ids), tuple(float(lp[i]) for i in ids)
         plain_lp[q] = float(lp[output[q]])

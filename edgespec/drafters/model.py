@@ -80,14 +80,14 @@ def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params:
         else:
             lp = log_softmax(logits)
             token = int(np.argmax(lp))
-            if np.exp(lp[token]) < min_confidence:
+            confidence = float(np.exp(lp[token]))
+            if confidence < min_confidence:
                 break
-            confidences.append(float(np.exp(lp[token])))
+            confidences.append(confidence)
         tokens.append(token)
-        if k + 1 < budget and not (stop is not None and not sampling and stop(confidences)):
-            logits = append(token)
-        else:
+        if k + 1 == budget or (stop is not None and not sampling and stop(confidences)):
             break
+        logits = append(token)
     if sampling:
         return DraftTree.chain(tokens, source, q_ids, q_probs)
     return DraftTree.chain(tokens, source, scores=np.cumprod(confidences))

@@ -119,6 +119,7 @@ def accepted_path(tree: DraftTree, emitted: Sequence[int]) -> list[int]:
 
 
 def accepted_by(path: Sequence[int], budgets: Sequence[int]) -> dict[int, int]:
-    """What each budget's tree (its first b nodes) would have accepted, for an exact tree whose
-    accepted path is ``path`` (node indices; they increase with depth)."""
+    """What each budget's tree (its first b nodes) would have accepted, for a tree whose
+    accepted path is ``path`` (node indices; they increase with depth, as parents precede
+    children, so the path's nodes below b are the accepted path of the first b nodes)."""
     return {b: sum(1 for node in path if node < b) for b in budgets}
