@@ -121,6 +121,15 @@ class DepthAcceptance:
             r.num, r.den = num * scale, den * scale
 
 
+def _carry(num, den, state, weight: float) -> None:
+    """Copies a saved ``[nums, dens]`` into ``num`` / ``den``, each entry's evidence scaled down
+    to at most ``weight`` pseudo-observations; entries without saved evidence keep their own."""
+    for i, (n, d) in enumerate(zip(*state)):
+        if i < len(num) and d > 0:
+            scale = min(1.0, weight / d)
+            num[i], den[i] = n * scale, d * scale
+
+
 class ConfidenceCalibration:
     """Maps a model drafter's confidence in a drafted token (its probability of its own greedy
     choice) to the probability that the target agrees, learned from verified chains.
@@ -171,10 +180,7 @@ class ConfidenceCalibration:
 
     def restore(self, state, weight: float) -> None:
         """Takes a saved state, each bin's evidence scaled down to at most ``weight``."""
-        for b, (num, den) in enumerate(zip(*state)):
-            if b < self.BINS and den > 0:
-                scale = min(1.0, weight / den)
-                self.num[b], self.den[b] = num * scale, den * scale
+        _carry(self.num, self.den, state, weight)
 
 
 def path_probabilities(parents: Sequence[int], node_probs: Sequence[float]) -> list[float]:
@@ -206,10 +212,7 @@ class TreeDepthCalibration:
 
     def restore(self, state, weight: float) -> None:
         """Takes a saved state, each depth's evidence scaled down to at most ``weight``."""
-        for d, (num, den) in enumerate(zip(*state)):
-            if d < len(self.num) and den > 0:
-                scale = min(1.0, weight / den)
-                self.num[d], self.den[d] = num * scale, den * scale
+        _carry(self.num, self.den, state, weight)
 
     def factors(self) -> list[float]:
         out, above = [], self.prior
