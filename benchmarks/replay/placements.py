@@ -34,21 +34,22 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     settings = rp.ReplaySettings(max_tokens=args.max_tokens)
-    configs = ["plain"] + [c for c in args.configs.split(",") if c != "plain"] + ([CEILING] if args.ceiling else [])
+    replayed = ["plain"] + [c for c in args.configs.split(",") if c != "plain"]
+    columns = replayed[1:] + ([CEILING] if args.ceiling else [])
     out: dict[str, dict] = {}
-    print("| trace | placement | plain tok/s | " + " | ".join(configs[1:]) + " |")
-    print("|---" * (len(configs) + 2) + "|")
+    print("| trace | placement | plain tok/s | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 3) + "|")
     for label, trace in zip(args.traces.split(","), load_traces(args.traces)):
         label = Path(label).name.removesuffix(".json.gz")
         for name in args.placements.split(","):
             costs = load_costs(name)
-            records = rp.replay(trace, configs[:-1] if args.ceiling else configs, costs, settings)
+            records = rp.replay(trace, replayed, costs, settings)
             if args.ceiling:
                 records += [ceiling_record(p, costs, settings, args.ceiling.split(",")) for p in trace.prompts]
             cells = {cfg: v[OVERALL] for cfg, v in summarize(records).items()}
             out[f"{label}|{name}"] = cells
             print(f"| {label} | {name} | {cells['plain']['tokens_per_s']:.1f} | "
-                  + " | ".join(f"{cells[c]['speedup']:.2f}x ({cells[c]['mean_emitted'] or 1:.1f})" for c in configs[1:]) + " |")
+                  + " | ".join(f"{cells[c]['speedup']:.2f}x ({cells[c]['mean_emitted'] or 1:.1f})" for c in columns) + " |")
     if args.json:
         args.json.write_text(json.dumps({"settings": vars(settings), "ceiling": args.ceiling, "results": out}, indent=1))
 

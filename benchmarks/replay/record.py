@@ -59,7 +59,7 @@ def main() -> None:
     done: list[rp.PromptTrace] = []
     try:
         if args.redraft:
-            return redraft(args.out, drafter)
+            return redraft(args.out, drafter, settings.draft_max - 1)
         for k, p in enumerate(prompts):
             t0 = time.perf_counter()
             tokens = _prompt_tokens(engine, p)
@@ -79,15 +79,15 @@ def main() -> None:
         engine.close()
 
 
-def redraft(path: Path, drafter) -> None:
+def redraft(path: Path, drafter, off_cap: int) -> None:
     """Records the drafter's part of every prompt of the trace at ``path`` again, in place,
-    with the settings it was recorded with."""
+    with the settings it was recorded with (``off_cap`` where it has none)."""
     trace = rp.load_trace(path)
     done = []
     for k, p in enumerate(trace.prompts):
         t0 = time.perf_counter()
         old = p.drafter
-        confidence, cap = (old.min_confidence, old.off_cap) if old else (drafter.min_confidence, 31)
+        confidence, cap = (old.min_confidence, old.off_cap) if old else (drafter.min_confidence, off_cap)
         d = rp.record_drafter(drafter.ctx, p.prompt, p.output, confidence, cap)
         if old is not None and [t[0] for t in d.top_ids] != [t[0] for t in old.top_ids]:
             log.warning("%s: the drafter's greedy tokens differ from the first recording", p.id)
