@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import SMALL
-from edgespec.drafters.auto.policy import CostModel
+from edgespec.drafters.auto.policy import CostModel, RatioEstimate
 from edgespec.drafters.auto.select import DrafterOption, cheapest_paying, choose, pays
 from edgespec.decode.request import GenerationRequest
 from edgespec.engine import Engine, EngineConfig
@@ -18,9 +18,10 @@ VERIFY = CostModel((1, 2, 4, 8, 16, 32, 64), (0.100, 0.104, 0.108, 0.116, 0.132,
 def test_a_drafter_pays_only_if_its_tokens_cost_less_than_what_they_save():
     assert pays(VERIFY, 0.010, budget=8)  # 10 ms a token against 100 ms a step
     assert not pays(VERIFY, 0.120, budget=8)  # a token costs more than a target step
-    # Plain steps give 10 tok/s, and a draft must promise 10% more. At 80 ms a token, an
-    # always-right chain of 8 emits 9 tokens in 756 ms (11.9 tok/s); a chain of 1, 2 in 184 ms (10.9).
-    assert pays(VERIFY, 0.080, budget=8) and not pays(VERIFY, 0.080, budget=1)
+    # Before any evidence a drafter is priced on typical chains sized by their confidence
+    # (policy.PRIOR_CHAIN_LENGTHS at 0.9 a token) against a plain step with a 10% margin: at
+    # 50 ms a token their chains gain 1.10x, at 80 ms 0.94x.
+    assert pays(VERIFY, 0.050, budget=8) and not pays(VERIFY, 0.080, budget=8)
 
 
 def test_cheapest_paying_drafter_wins_and_none_when_none_pays():
@@ -120,10 +121,10 @@ def test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so(store, 
         assert any("auto: the drafter model is not loaded" in n for n in engine.placement.notes)
 
 
-def test_learned_acceptance_decides_whether_a_drafter_pays():
-    assert pays(VERIFY, 0.010, 8, alphas=[0.9] * 8)
-    assert not pays(VERIFY, 0.010, 8, alphas=[0.05] * 8)  # cheap, but almost never right
-    assert cheapest_paying({"model": 0.010}, VERIFY, 8, alphas=[0.05] * 8) is None
+def test_the_gain_measured_here_overrides_the_prior():
+    assert pays(VERIFY, 0.010, 8) and not pays(VERIFY, 0.010, 8, learned=[9.0, 10.0])  # its steps lost here
+    assert not pays(VERIFY, 0.120, 8) and pays(VERIFY, 0.120, 8, learned=[12.0, 10.0])  # they won, dear or not
+    assert cheapest_paying({"model": 0.010}, VERIFY, 8, learned=[9.0, 10.0]) is None
 
 
 def test_what_auto_learned_is_kept_across_requests_scaled_down(tmp_path):
@@ -132,24 +133,27 @@ def test_what_auto_learned_is_kept_across_requests_scaled_down(tmp_path):
     from edgespec.drafters.suffix import SuffixDrafter
 
     memory = PolicyMemory(tmp_path, "placement-key")
-    assert memory.drafter_alphas("d.gguf", 8) == pytest.approx([0.6] * 8)  # the prior, before evidence
-    assert not memory.learned("d.gguf") and memory.load() == {}
+    assert memory.drafter_gain("d.gguf") is None and memory.load() == {}  # nothing measured yet
     first = AutoDrafter(SuffixDrafter(), VERIFY, model=_Closable("d", []), memory=memory, model_name="d.gguf")
     for _ in range(40):  # a drafter whose first token is always right and second never
         first.model_acceptance.update(2, 1)
+    first.model_gain = RatioEstimate(1.0, weight=1.0)
+    first.model_gain.update(10.0, 30.0)  # its steps emitted a third of what the suffix draft would have
     first.suffix_calibration[12].num[0], first.suffix_calibration[12].den[0] = 30.0, 40.0
     first.suffix.begin([1, 2, 3])
     first.end()
-    alphas = memory.drafter_alphas("d.gguf", 8)
-    assert alphas[0] > 0.95 and alphas[1] < 0.1
+    assert memory.drafter_gain("d.gguf") == pytest.approx([10.98, 30.98])
+    assert not pays(VERIFY, 0.010, 8, memory.drafter_gain("d.gguf"))  # the next load leaves it out
     second = AutoDrafter(SuffixDrafter(), VERIFY, model=_Closable("d", []), memory=memory, model_name="d.gguf")
-    assert second.model_acceptance.alphas()[:2] == pytest.approx(alphas[:2])
+    alphas = second.model_acceptance.alphas()
+    assert alphas[0] > 0.95 and alphas[1] < 0.1
     carried = second.model_acceptance.rates[0]
     assert carried.den == pytest.approx(CARRY_WEIGHT)  # evidence scaled: a new request can move it
+    assert second.model_gain.state() == pytest.approx([10.98 * CARRY_WEIGHT / 30.98, CARRY_WEIGHT])
     cal = second.suffix_calibration[12]
     assert (cal.num[0], cal.den[0]) == pytest.approx((30.0 * CARRY_WEIGHT / 40.0, CARRY_WEIGHT))
     # Another placement learns apart.
-    assert not PolicyMemory(tmp_path, "other-key").learned("d.gguf")
+    assert PolicyMemory(tmp_path, "other-key").drafter_gain("d.gguf") is None
 
 
 def test_hybrid_takes_the_cheaper_runtime_of_its_drafter_model(tmp_path):

@@ -200,3 +200,71 @@ def test_what_the_confidences_taught_is_kept_for_the_next_request(tmp_path):
     assert second.confidence.value(0.55) > 0.8 and second.confidence.value(0.95) == pytest.approx(0.95)
     other = AutoDrafter(SuffixDrafter(), CPU, model=_FixedChain([0.5]), memory=memory, model_name="other.gguf")
     assert other.confidence.value(0.55) == pytest.approx(0.55)  # another drafter model learns apart
+
+
+def test_a_chains_price_pays_its_drafting_whether_or_not_it_is_verified():
+    from edgespec.drafters.auto.policy import ConfidenceCalibration, chain_rate
+
+    flat = CostModel((1, 2, 4, 8, 16), (0.100, 0.104, 0.108, 0.116, 0.132))
+    cal = ConfidenceCalibration()
+    assert chain_rate([[1.0] * 8], cal, flat, 8) == pytest.approx(9 / flat.verify(9))  # free and sure: all of it
+    assert chain_rate([[1.0] * 8], cal, flat, 4) == pytest.approx(5 / flat.verify(5))  # the budget caps it
+    # a token dearer than a target step: the chain stops after one, which is still verified
+    dear = CostModel(flat.batch_sizes, flat.verify_s, draft_token_s=0.2)
+    assert chain_rate([[1.0] * 8], cal, dear, 8) == pytest.approx(2 / (0.2 + 0.104))
+    # a chain nobody would verify (1% sure) costs its drafting and yields a plain step
+    cheap = CostModel(flat.batch_sizes, flat.verify_s, draft_token_s=0.01)
+    assert chain_rate([[0.01] * 8], cal, cheap, 8) == pytest.approx(1 / (0.01 + 0.100))
+
+
+def test_the_drafters_prior_gain_falls_with_its_cost_per_token():
+    from dataclasses import replace
+
+    from edgespec.drafters.auto.policy import drafter_gain
+
+    flat = CostModel((1, 2, 4, 8, 16), (0.100, 0.104, 0.108, 0.116, 0.132))
+    gains = [drafter_gain(replace(flat, draft_token_s=s), 16) for s in (0.0, 0.01, 0.03, 0.05, 0.08)]
+    assert gains == sorted(gains, reverse=True) and gains[0] > 3 and gains[-1] < 1
+    assert drafter_gain(flat, 16, learned=[3.0, 4.0]) == pytest.approx(0.75)  # measured: the prior is gone
+
+
+class _TimedChain(_FixedChain):
+    """A _FixedChain whose drafting advances a clock by ``token_s`` a drafted token."""
+
+    def __init__(self, confidences, clock, token_s):
+        super().__init__(confidences)
+        self.clock, self.token_s = clock, token_s
+
+    def propose(self, context, budget, stop=None):
+        draft = super().propose(context, budget, stop)
+        self.clock[0] += self.token_s * len(draft)
+        return draft
+
+
+def test_auto_measures_what_its_model_steps_gain_over_the_steps_without_it(tmp_path):
+    from edgespec.drafters.auto.drafter import GAIN_DECAY, GAIN_WEIGHT, AutoDrafter
+    from edgespec.drafters.auto.memory import PolicyMemory
+    from edgespec.drafters.auto.policy import drafter_gain
+    from edgespec.drafters.suffix import SuffixDrafter
+
+    steep = CostModel((1, 2, 4, 8, 16), (0.1, 0.11, 0.13, 0.3, 0.35), draft_token_s=0.0012)
+    clock = [0.0]
+    memory = PolicyMemory(tmp_path, "placement")
+    model = _TimedChain([0.99, 0.98, 0.99, 0.35, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3], clock, 0.01)
+    auto = AutoDrafter(SuffixDrafter(), steep, model=model, memory=memory, model_name="d.gguf",
+                       clock=lambda: clock[0])
+    auto.begin([1, 2, 3])
+    prior = drafter_gain(steep, 8)
+    assert len(auto.propose([1, 2, 3], 8)) == 3 and model.asked == [6]  # as in the test above
+    auto.observe([100, 101, 102, 7])
+    # 4 tokens in 0.06 s of drafting (as clocked) + 0.13 s verifying, where a plain step (no
+    # suffix draft on offer) was expected to emit 0.19 s / 0.1 s = 1.9
+    num, den = prior * GAIN_WEIGHT * GAIN_DECAY + 4, GAIN_WEIGHT * GAIN_DECAY + 1.9
+    assert auto.model_gain.state() == pytest.approx([num, den])
+    auto.end()
+    assert memory.drafter_gain("d.gguf") == pytest.approx([num, den])
+    plain = AutoDrafter(SuffixDrafter(), steep, model=_TimedChain([0.2], clock, 0.01), clock=lambda: clock[0])
+    plain.begin([1, 2, 3])
+    assert not len(plain.propose([1, 2, 3], 8))  # unsure from the first token: nothing verified ...
+    plain.observe([5])
+    assert plain.model_gain.state()[1] == pytest.approx(GAIN_WEIGHT * GAIN_DECAY + 0.11 / 0.1)  # ... its pass counted

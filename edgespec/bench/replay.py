@@ -43,7 +43,7 @@ from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.tokens import common_prefix
 from edgespec.drafters import suffix_drafter
-from edgespec.drafters.auto.drafter import MODEL_PRIOR, AutoDrafter
+from edgespec.drafters.auto.drafter import AutoDrafter
 from edgespec.drafters.auto.memory import PolicyMemory
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.auto.select import pays
@@ -538,18 +538,17 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
     if config == "auto":
         model = model if model is not None and auto_loads(costs, settings, memory) else None
         return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model, memory=memory,
-                           model_name="model" if memory is not None else None)
+                           model_name="model" if memory is not None else None, clock=lambda: ledger.seconds)
     raise ValueError(f"config {config!r} cannot be replayed from trace {trace.id} (replayable: {CONFIGS})")
 
 
 def auto_loads(costs: MachineCosts, settings: ReplaySettings, memory=None) -> bool:
     """Whether `auto` would load the drafter model (edgespec.drafters.auto.select's rule): only
-    if its chains beat plain steps at the acceptance it expects (learned in ``memory``, else its
-    prior). The bench builds auto per run, so replay asks per prompt."""
+    if its steps gain (as measured in ``memory``, else by its prior). The bench builds auto per
+    run, so replay asks per prompt."""
     policy = costs.policy_model()
-    alphas = (memory.drafter_alphas("model", settings.draft_max) if memory is not None
-              else [MODEL_PRIOR] * settings.draft_max)
-    return pays(policy, policy.draft_token_s, settings.draft_max, alphas)
+    learned = memory.drafter_gain("model") if memory is not None else None
+    return pays(policy, policy.draft_token_s, settings.draft_max, learned)
 
 
 def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),

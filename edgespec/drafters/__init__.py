@@ -227,8 +227,8 @@ def _build_auto(cfg, target, suffix, target_ctx, store, shared_model=None):
     # One drafter model, whatever runtime drafts with it: one learned acceptance, under its file name.
     name = path.name if path is not None else None
     options = drafter_options(cfg, target, store, path, shared_model) if path is not None else []
-    alphas = memory.drafter_alphas(name, cfg.draft_max) if name else None
-    model, draft_s = choose(options, verify, store.home, cfg.draft_max, alphas)
+    learned = memory.drafter_gain(name) if name else None
+    model, draft_s = choose(options, verify, store.home, cfg.draft_max, learned)
     return AutoDrafter(suffix, replace(verify, draft_token_s=draft_s), model=model, memory=memory, model_name=name)
 
 

@@ -152,7 +152,7 @@ def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, 
     calibration (edgespec.drafters.auto.select), or None when it may (or nothing is measured)."""
     from edgespec.drafters.auto.calibrate import cached_draft_cost, cached_verify, calibration_key
     from edgespec.drafters.auto.memory import PolicyMemory
-    from edgespec.drafters.auto.select import pays
+    from edgespec.drafters.auto.select import no_gain, pays
     from edgespec.drafters.model import ModelDrafter
     from edgespec.llama.backend import default_threads
 
@@ -163,11 +163,9 @@ def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, 
     cost = cached_draft_cost(store.home, calibration_key(drafter_path, drafter_model_params(plan), threads,
                                                          ModelDrafter.context_params(plan.n_ctx).flash_attn))
     memory, name = PolicyMemory(store.home, target_key), Path(drafter_path).name
-    alphas = memory.drafter_alphas(name, draft_max)
-    if verify is None or cost is None or pays(verify, cost, draft_max, alphas):
+    learned = memory.drafter_gain(name)
+    if verify is None or cost is None or pays(verify, cost, draft_max, learned):
         return None
-    learned = (f"at the acceptance {'learned here' if memory.learned(name) else 'auto assumes before any'}"
-               f" ({alphas[0]:.0%} at depth 1) its chains would not beat plain steps")
     return (f"auto: the drafter model is not loaded: calibrated here, a drafted token costs "
             f"{cost * 1e3:.0f} ms against {verify.verify(1) * 1e3:.0f} ms for a target step, and "
-            f"{learned} (suffix drafts only)")
+            f"{no_gain(learned)} (suffix drafts only)")

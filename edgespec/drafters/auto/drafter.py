@@ -21,17 +21,22 @@ drafter is re-probed with a short chain every ``probe_every`` steps.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from edgespec.drafters.auto.policy import (ConfidenceCalibration, CostModel, DepthAcceptance, TreeDepthCalibration,
-                                           best_chain_length, best_tree_prefix)
+from edgespec.drafters.auto.policy import (ChainStop, ConfidenceCalibration, CostModel, DepthAcceptance,
+                                           RatioEstimate, TreeDepthCalibration, best_chain_length, best_tree_prefix,
+                                           drafter_gain)
 from edgespec.spec.tree import DraftTree
 
 NAME = "auto"
 MATCH_CLASSES = (1, 4, 12)  # lower bounds of the match-length classes
 MODEL_PRIOR = 0.6  # acceptance per depth assumed of a drafter model before any evidence
+# The drafter's measured gain (tokens over the tokens expected without it): its prior counts as
+# this many tokens; each model step's evidence fades by this factor a step.
+GAIN_WEIGHT, GAIN_DECAY = 4.0, 0.99
 
 
 def match_class(match_len: int) -> int:
@@ -43,10 +48,12 @@ class AutoDrafter:
     name = NAME
 
     def __init__(self, suffix, cost: CostModel, model=None, probe_every: int = 32, memory=None,
-                 model_name: str | None = None):
+                 model_name: str | None = None, clock: Callable[[], float] = time.perf_counter):
         """``memory`` (edgespec.drafters.auto.memory.PolicyMemory): what earlier requests on this
         placement learned, restored here and kept after each request; ``model_name`` names the
-        drafter model's acceptance in it."""
+        drafter model's acceptance in it; ``clock`` times the drafter model's drafting (its sync
+        with the emitted tokens included), seconds."""
+        self.clock = clock
         self.suffix = suffix
         self.model = model
         self.cost = cost
@@ -59,8 +66,13 @@ class AutoDrafter:
         self.confidence = ConfidenceCalibration()
         self._greedy = True
         self._drafted: DraftTree | None = None  # the whole model chain of the current step
-        self._chain_state = (0, 1.0, 1.0, 0.0)  # _stop's running sums over the chain being drafted
+        self._chain_stop: ChainStop | None = None  # the stop rule of the chain being drafted
         self._floor = 0.0  # tokens/s of the best draft on offer besides the model's chain
+        # What the drafter model's steps emitted over what the suffix draft (or a plain step) was
+        # expected to emit in the same seconds: whether loading it pays here (select.pays).
+        self.model_gain: RatioEstimate | None = None  # from its prior at the first step's budget
+        self._counterfactual = 0.0  # tokens/s expected of the current step without the model
+        self._model_s: float | None = None  # seconds the model drafted this step (None: it did not)
         if memory is not None:
             self._restore(memory.load())
         self._offered: DraftTree | None = None  # the suffix draft of the current step
@@ -71,6 +83,7 @@ class AutoDrafter:
     def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
         # A step of an earlier request that raised before observe() was never verified.
         self._offered = self._chosen = self._drafted = None
+        self._model_s = None
         self._greedy = sampling is None or sampling.greedy
         self.suffix.begin(prompt, sampling=sampling, rng=rng)
         if self.model is not None:
@@ -84,7 +97,8 @@ class AutoDrafter:
             suffix = {str(c): cal.state() for c, cal in self.suffix_calibration.items()}
             model = self.model_acceptance.state() if self.model is not None else None
             confidence = self.confidence.state() if self.model is not None else None
-            self.memory.save(suffix, self.model_name, model, confidence)
+            gain = self.model_gain.state() if self.model is not None and self.model_gain is not None else None
+            self.memory.save(suffix, self.model_name, model, confidence, gain)
 
     def _restore(self, state: dict) -> None:
         from edgespec.drafters.auto.memory import CARRY_WEIGHT
@@ -98,6 +112,10 @@ class AutoDrafter:
         saved = state.get("confidence", {}).get(self.model_name)
         if self.model is not None and saved:
             self.confidence.restore(saved, CARRY_WEIGHT)
+        saved = state.get("gain", {}).get(self.model_name)
+        if self.model is not None and saved and saved[1] > 0:
+            self.model_gain = RatioEstimate(1.0, decay=GAIN_DECAY)
+            self.model_gain.restore(saved, CARRY_WEIGHT)
 
     def close(self) -> None:
         if self.model is not None:
@@ -109,13 +127,16 @@ class AutoDrafter:
 
     # -- decisions ----------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        if self.model_gain is None:
+            self.model_gain = RatioEstimate(drafter_gain(self.cost, budget), GAIN_WEIGHT, GAIN_DECAY)
         offered = self.suffix.propose(context, budget)
         self._offered = offered
         probs = self._suffix_path_probs(offered)
         m, suffix_rate = best_tree_prefix(probs, self.cost, budget)
         k, model_rate = self._model_choice(budget)
         self._floor = suffix_rate  # what the model's chain must beat
-        draft = self._model_draft(context, k, budget) if k and model_rate > suffix_rate else DraftTree.empty()
+        self._counterfactual = suffix_rate if m else 1.0 / self.cost.verify(1)
+        draft = self._timed_model_draft(context, k, budget) if k and model_rate > suffix_rate else DraftTree.empty()
         if not len(draft):  # no model chain, or none of it paid
             draft = offered.prefix(m) if m else DraftTree.empty("none")
         self._chosen = draft
@@ -144,6 +165,12 @@ class AutoDrafter:
             return 2, float("inf")  # re-probe: text changes, and so does the drafter's luck
         return k, rate
 
+    def _timed_model_draft(self, context: Sequence[int], k: int, budget: int) -> DraftTree:
+        start = self.clock()
+        draft = self._model_draft(context, k, budget)
+        self._model_s = self.clock() - start
+        return draft
+
     def _model_draft(self, context: Sequence[int], k: int, budget: int) -> DraftTree:
         """A greedy chain sized by its confidences (module docstring); else ``k`` tokens."""
         if not self._greedy or getattr(self.model, "tree", False):
@@ -156,22 +183,11 @@ class AutoDrafter:
         return chain.prefix(n if rate > self._floor else 0).relabel("model")  # else the suffix draft
 
     def _stop(self, confidences: Sequence[float]) -> bool:
-        """Ends a chain whose next token, were it surely right, would be worth less than drafting
-        it costs: a token is worth the seconds per token of the best step on offer (a prefix
-        drafted so far, the suffix index's draft, a plain step).
-        Asked after every drafted token, so it keeps the chain's running sums (O(1) a token)."""
+        """ChainStop's rule against the best step on offer besides the chain; asked after every
+        drafted token."""
         if len(confidences) == 1:  # a new chain
-            self._chain_state = (0, 1.0, 1.0, max(1.0 / self.cost.verify(1), self._floor))  # plain, or suffix
-        self._extend(confidences[-1])
-        _, survive, _, rate = self._chain_state
-        return survive / rate < self.cost.draft_token_s
-
-    def _extend(self, confidence: float) -> None:
-        """(tokens, survival, expected emitted, best rate of a prefix) after one more token."""
-        k, survive, expected, rate = self._chain_state
-        survive *= self.confidence.value(confidence)
-        expected += survive
-        self._chain_state = (k + 1, survive, expected, max(rate, expected / self.cost.verify(k + 2)))
+            self._chain_stop = ChainStop(self.confidence, self.cost, self._floor)
+        return self._chain_stop(confidences[-1])
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, emitted: Sequence[int]) -> None:
@@ -184,6 +200,11 @@ class AutoDrafter:
             # the target's continuation grades the whole chain as deep as it reaches
             hits = [int(t) == int(e) for t, e in zip(drafted.tokens, emitted)]
             self.confidence.update(_confidences(drafted)[:len(hits)], hits)
+        if self._model_s is not None and chosen is not None:
+            # the step's seconds (drafting measured) against what it would have emitted without the model
+            seconds = self._model_s + self.cost.verify(1 + len(chosen))
+            self.model_gain.update(len(emitted), self._counterfactual * seconds)
+        self._model_s = None
         scores = offered.scores if offered is not None else None
         if scores is not None and len(offered) and len(emitted):
             # The emitted tokens are the target's own continuation, whichever draft was

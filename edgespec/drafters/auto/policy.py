@@ -96,6 +96,15 @@ class RatioEstimate:
     def value(self) -> float:
         return self.num / self.den if self.den > 0 else 0.0
 
+    def state(self) -> list[float]:
+        return [self.num, self.den]
+
+    def restore(self, state, weight: float) -> None:
+        """Takes a saved [num, den], its evidence scaled down to at most ``weight``."""
+        num, den = state
+        scale = min(1.0, weight / den) if den > 0 else 0.0
+        self.num, self.den = num * scale, den * scale
+
 
 class DepthAcceptance:
     """Running acceptance rate of a chain drafter at each depth (1-based)."""
@@ -112,13 +121,12 @@ class DepthAcceptance:
         return [min(max(r.value, 0.0), 1.0) for r in self.rates]
 
     def state(self) -> list[list[float]]:
-        return [[r.num, r.den] for r in self.rates]
+        return [r.state() for r in self.rates]
 
     def restore(self, state, weight: float) -> None:
         """Takes a saved state, each depth's evidence scaled down to at most ``weight``."""
-        for r, (num, den) in zip(self.rates, state):
-            scale = min(1.0, weight / den) if den > 0 else 0.0
-            r.num, r.den = num * scale, den * scale
+        for r, saved in zip(self.rates, state):
+            r.restore(saved, weight)
 
 
 def _carry(num, den, state, weight: float) -> None:
@@ -181,6 +189,68 @@ class ConfidenceCalibration:
     def restore(self, state, weight: float) -> None:
         """Takes a saved state, each bin's evidence scaled down to at most ``weight``."""
         _carry(self.num, self.den, state, weight)
+
+
+class ChainStop:
+    """Where a confidence-sized greedy chain stops (edgespec.drafters.auto.drafter): once its
+    next token, were it surely right, would be worth less than drafting it costs. A token is
+    worth the seconds per token of the best step on offer: a prefix drafted so far, ``floor``
+    (the suffix index's draft, tokens/s), a plain step. Called once per drafted token with its
+    confidence; keeps running sums, so O(1) a token."""
+
+    def __init__(self, calibration: ConfidenceCalibration, cost: CostModel, floor: float = 0.0):
+        self.calibration, self.cost = calibration, cost
+        self.tokens, self.survive, self.expected = 0, 1.0, 1.0
+        self.rate = max(1.0 / cost.verify(1), floor)
+
+    def __call__(self, confidence: float) -> bool:
+        """Adds a drafted token; True: stop drafting after it."""
+        self.tokens += 1
+        self.survive *= self.calibration.value(confidence)
+        self.expected += self.survive
+        self.rate = max(self.rate, self.expected / self.cost.verify(self.tokens + 1))
+        return self.survive / self.rate < self.cost.draft_token_s
+
+
+def chain_rate(chains: Sequence[Sequence[float]], calibration: ConfidenceCalibration, cost: CostModel,
+               budget: int) -> float:
+    """Expected tokens/s of drafting ``chains`` (each a greedy chain's confidences, as far as the
+    drafter would run it) the way `auto` drafts them: stopped by ChainStop against a plain
+    step, its best prefix verified (a plain step when none pays; the drafting is paid anyway)."""
+    emitted = seconds = 0.0
+    for chain in chains:
+        stop, drafted = ChainStop(calibration, cost), 0
+        for confidence in chain[:budget]:
+            drafted += 1
+            if stop(confidence):
+                break
+        probs = calibration.path_probs(chain[:drafted])
+        m, _ = best_tree_prefix(probs, cost, drafted)
+        emitted += 1.0 + sum(probs[:m])
+        seconds += drafted * cost.draft_token_s + cost.verify(1 + m)
+    return emitted / seconds if seconds > 0 else 0.0
+
+
+# A drafter model's chains before `auto` has seen any here: the lengths of the 0.5B drafter's
+# greedy chains at confidence >= 0.4 from every output position of the Spec-Bench tuning
+# questions (16 quantiles, capped at 32; benchmarks/replay/traces/specbench-30.json.gz), each
+# token at confidence 0.9. Priced with these chains, the real chains' price is reproduced at
+# 0.95 (within 3-7% on the GPU placements' curves); 0.9 leaves room for what the price does
+# not see (the drafter's sync, steps the suffix index's draft wins anyway): on the 2-core VM,
+# where the drafter measured slower than suffix drafts alone, 0.95 would sit on the margin.
+PRIOR_CHAIN_LENGTHS = (0, 0, 1, 2, 4, 6, 9, 13, 19, 29, 32, 32, 32, 32, 32, 32)
+PRIOR_CHAIN_CONFIDENCE = 0.9
+
+
+def drafter_gain(cost: CostModel, budget: int, learned: Sequence[float] | None = None) -> float:
+    """What a drafter model's chains gain over the steps `auto` takes without them (> 1: it
+    pays): as measured on this placement (``learned``: [num, den] of emitted tokens over the
+    tokens the suffix draft or a plain step was expected to emit in the same seconds), else
+    priced on PRIOR_CHAIN_LENGTHS against a plain step with ``MARGIN``."""
+    if learned is not None and learned[1] > 0:
+        return learned[0] / learned[1]
+    prior = [(PRIOR_CHAIN_CONFIDENCE,) * n for n in PRIOR_CHAIN_LENGTHS]
+    return chain_rate(prior, ConfidenceCalibration(), cost, budget) * cost.verify(1) / (1.0 + MARGIN)
 
 
 def path_probabilities(parents: Sequence[int], node_probs: Sequence[float]) -> list[float]:
