@@ -101,7 +101,7 @@ class AutoDrafter:
             self.memory.save(suffix, self.model_name, model, confidence, gain)
 
     def _restore(self, state: dict) -> None:
-        from edgespec.drafters.auto.memory import CARRY_WEIGHT
+        from edgespec.drafters.auto.memory import CARRY_WEIGHT, saved_gain
 
         for c, saved in state.get("suffix", {}).items():
             if c.isdigit() and int(c) in self.suffix_calibration:
@@ -112,8 +112,8 @@ class AutoDrafter:
         saved = state.get("confidence", {}).get(self.model_name)
         if self.model is not None and saved:
             self.confidence.restore(saved, CARRY_WEIGHT)
-        saved = state.get("gain", {}).get(self.model_name)
-        if self.model is not None and saved and saved[1] > 0:
+        saved = saved_gain(state, self.model_name)
+        if self.model is not None and saved:
             self.model_gain = RatioEstimate(1.0, decay=GAIN_DECAY)
             self.model_gain.restore(saved, CARRY_WEIGHT)
 
@@ -127,7 +127,7 @@ class AutoDrafter:
 
     # -- decisions ----------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
-        if self.model_gain is None:
+        if self.model_gain is None and self.model is not None:  # only a loaded drafter is measured
             self.model_gain = RatioEstimate(drafter_gain(self.cost, budget), GAIN_WEIGHT, GAIN_DECAY)
         offered = self.suffix.propose(context, budget)
         self._offered = offered

@@ -21,6 +21,13 @@ log = logging.getLogger(__name__)
 CARRY_WEIGHT = 6.0
 
 
+def saved_gain(state: dict, drafter: str) -> list[float] | None:
+    """``drafter``'s measured gain ([num, den]) in a loaded memory state, or None where there is
+    none worth reading (never measured, or malformed)."""
+    saved = state.get("gain", {}).get(drafter)
+    return saved if saved and len(saved) == 2 and saved[1] > 0 else None
+
+
 class PolicyMemory:
     """One JSON file per placement: {"suffix": {class: [num, den]}, "drafters": {name: [[num, den]...]},
     "confidence": {name: [nums, dens]} (ConfidenceCalibration's bins), "gain": {name: [num, den]}}."""
@@ -38,8 +45,7 @@ class PolicyMemory:
     def drafter_gain(self, drafter: str) -> list[float] | None:
         """What ``drafter``'s steps measured to gain here ([num, den]; edgespec.drafters.auto.policy.drafter_gain),
         or None before it ever drafted here."""
-        saved = self.load().get("gain", {}).get(drafter)
-        return saved if saved and len(saved) == 2 and saved[1] > 0 else None
+        return saved_gain(self.load(), drafter)
 
     def save(self, suffix: dict, drafter: str | None, drafter_state: list | None,
              confidence_state: list | None = None, gain_state: list | None = None) -> None:
