@@ -105,13 +105,34 @@ def test_tree_sizes_probe_the_largest_then_pick_what_pays_and_fall_back_to_plain
     parents = [-1, 0] + [-1] * 3 + [1] + [-1] * 3 + [5] + [-1] * 30 + [9] + [-1] * 22
     tokens = [10, 11] + [0] * 3 + [12] + [0] * 3 + [13] + [0] * 30 + [14] + [0] * 22
     tree = DraftTree(np.asarray(tokens), np.asarray(parents))
-    for _ in range(6):
+    for _ in range(400):  # the shapes' priors fade
         sizes.learn(tree, [10, 11, 12, 13, 14, 99])
         sizes.searched(63, 0.3)
-    assert sizes.accepted == pytest.approx({3: 2, 7: 3, 15: 4, 31: 4, 63: 5})
+    assert {b: sizes.expected(b) for b in sizes.sizes} == pytest.approx({3: 2, 7: 3, 15: 4, 31: 4, 63: 5}, rel=0.02)
     assert sizes.choose(flat, 63) == 15  # 5 tokens for 2.0 + a node-priced search: the size that pays
     steep = CostModel((1, 8, 64), (1.0, 8.0, 64.0), draft_token_s=0.001)  # every row costs a step
     assert [sizes.choose(steep, 63) for _ in range(3)] == [0, 0, 63]  # plain pays; the 4th step probes
+
+
+def test_tree_sizes_learn_nothing_about_sizes_larger_than_the_tree_drafted():
+    """A small tree that accepted little lowers the level every size scales, not the shape of
+    sizes it could not see: the larger sizes stay priced at all they draft times the level."""
+    from edgespec.drafters.auto.policy import TreeSizes
+    from edgespec.spec.tree import DraftTree
+
+    sizes = TreeSizes((3, 7, 15, 31, 63))
+    assert sizes.expected(63) == 63 and sizes.expected(3) == 3  # unseen: every node accepted
+    chain = DraftTree.chain([10, 11, 0], "model")
+    sizes.learn(chain, [10, 99])  # a 3-node tree accepted 1 token
+    assert sizes.expected(3) == 1
+    assert sizes.expected(63) == pytest.approx(21)  # 1 x 63 / 3: its shape is still the prior's
+    # a tree whose 4th node extends the answer: 2 accepted by every size that holds it, 1 by the
+    # 3-node tree; the larger sizes' shapes move (weight 4, decay 0.99), the level stays at 1
+    wide = DraftTree(np.asarray([10, 0, 0, 11] + [0] * 59), np.asarray([-1, -1, -1, 0] + [-1] * 59))
+    sizes.learn(wide, [10, 11, 99])
+    assert sizes.expected(3) == pytest.approx(1.0)
+    for b in (7, 15, 31, 63):
+        assert sizes.expected(b) == pytest.approx((b / 3 * 4 * 0.99 + 2) / (4 * 0.99 + 1))
 
 
 def test_confidence_calibration_starts_from_the_drafter_and_learns_where_it_is_wrong():

@@ -330,40 +330,57 @@ class TreeDepthCalibration:
 
 
 class TreeSizes:
-    """Which size of best-first model tree pays (edgespec.spec.tree_search), learned per size.
+    """Which size of best-first model tree pays (edgespec.spec.tree_search), learned as a level
+    and a shape.
 
-    Trees are nested, so every verified tree tells what each smaller size would have accepted
-    (``learn``); a size never seen is assumed to accept all it drafts until tried. What a
-    search of each size costs is learned from the searches run (``searched``: seconds; unseen:
-    one drafter decode per node, a chain's price). ``choose`` maximises expected emitted tokens
-    per second over the sizes the caller allows, against a plain step; every ``probe_every``
-    steps it drafts the largest allowed size, so sizes it stopped choosing keep being measured.
+    Trees are nested, so every verified tree tells what each smaller size would have accepted,
+    and nothing about larger sizes. The level is what the smallest size accepts (every tree
+    holds it: a fast moving average, ``decay``, that follows the text); the shape is what each
+    larger size accepts over the smallest, learned only from steps that drafted it (slow,
+    ``shape_decay``; prior: every node accepted, ``shape_weight`` steps' worth). A size's
+    expected acceptance is their product. Replayed on the 7B `offload` curve (code edits held
+    out), one moving average per size instead fell, at the first 63-node tree that accepted
+    2 tokens, to 2 for every size, and 3-node trees were drafted at 135 of 145 steps: 4.50x
+    against 5.51x for always 63 (benchmarks/RESULTS-gpu.md section 11).
+
+    What a search of each size costs is learned from the searches run (``searched``: seconds;
+    unseen: one drafter decode per node, a chain's price). ``choose`` maximises expected emitted
+    tokens per second over the sizes the caller allows, against a plain step; every
+    ``probe_every`` steps it drafts the largest allowed size, so the shape of sizes it stopped
+    choosing keeps being measured.
     """
 
-    def __init__(self, sizes: Sequence[int], decay: float = 0.8, probe_every: int = 16):
+    def __init__(self, sizes: Sequence[int], decay: float = 0.8, probe_every: int = 16,
+                 shape_weight: float = 4.0, shape_decay: float = 0.99):
         self.sizes = tuple(sorted(sizes))
         self.decay, self.probe_every = decay, probe_every
-        self.accepted: dict[int, float] = {}  # size -> moving average of accepted tokens
+        self.level: float | None = None  # moving average of what the smallest size accepted
+        self.shape = {b: RatioEstimate(b / self.sizes[0], shape_weight, shape_decay) for b in self.sizes[1:]}
         self.search_s: dict[int, float] = {}  # size -> moving average of a search's seconds
         self.steps = 0
 
-    def _average(self, table: dict[int, float], size: int, value: float) -> None:
-        old = table.get(size)
-        table[size] = value if old is None else self.decay * old + (1 - self.decay) * value
+    def expected(self, size: int) -> float:
+        """Tokens a tree of ``size`` (one of ``sizes``) is expected to accept."""
+        smallest = self.sizes[0]
+        level = smallest if self.level is None else self.level  # unseen: all it drafts
+        return min(float(size), level * (self.shape[size].value if size != smallest else 1.0))
 
     def learn(self, tree, emitted: Sequence[int]) -> None:
         """What ``tree`` (best first, a DraftTree or None) and each smaller size accepted of ``emitted``."""
-        if tree is None:
+        if tree is None or len(tree) < self.sizes[0]:
             return
         from edgespec.spec.tree_search import accepted_by, accepted_path
 
-        path = accepted_path(tree, emitted)
-        for b, a in accepted_by(path, [b for b in self.sizes if b <= len(tree)]).items():
-            self._average(self.accepted, b, float(a))
+        accepted = accepted_by(accepted_path(tree, emitted), [b for b in self.sizes if b <= len(tree)])
+        base = float(accepted.pop(self.sizes[0]))
+        self.level = base if self.level is None else self.decay * self.level + (1 - self.decay) * base
+        for b, a in accepted.items():
+            self.shape[b].update(float(a), base)
 
     def searched(self, size: int, seconds: float) -> None:
         if size in self.sizes:
-            self._average(self.search_s, size, seconds)
+            old = self.search_s.get(size)
+            self.search_s[size] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
     def size(self, limit: int, cost: CostModel | None = None) -> int:
         """The tree size for a step allowing ``limit`` nodes: the policy's choice with a cost
@@ -371,6 +388,11 @@ class TreeSizes:
         if cost is None:
             return max([b for b in self.sizes if b <= limit], default=0)
         return self.choose(cost, limit)
+
+    def rate(self, cost: CostModel, size: int) -> float:
+        """Expected tokens per second of drafting and verifying a tree of ``size``."""
+        search = self.search_s.get(size, size * cost.draft_token_s)
+        return (1.0 + self.expected(size)) / (cost.verify(size + 1) + search)
 
     def choose(self, cost: CostModel, limit: int, margin: float = MARGIN) -> int:
         """The tree size to draft (0: a plain step pays more)."""
@@ -380,10 +402,5 @@ class TreeSizes:
         self.steps += 1
         if self.steps % self.probe_every == 1:
             return allowed[-1]
-        best, best_rate = 0, (1.0 + margin) / cost.verify(1)
-        for b in allowed:
-            search = self.search_s.get(b, b * cost.draft_token_s)
-            rate = (1.0 + self.accepted.get(b, b)) / (cost.verify(b + 1) + search)
-            if rate > best_rate:
-                best, best_rate = b, rate
-        return best
+        best = max(allowed, key=lambda b: self.rate(cost, b))
+        return best if self.rate(cost, best) > (1.0 + margin) / cost.verify(1) else 0
