@@ -59,10 +59,12 @@ def _answers(engine: Engine, decoder: Decoder) -> list[tuple[list[int], tuple[in
 
 @skip_without_gpu
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("draft", ["model", "suffix", "auto"])
+@pytest.mark.parametrize("draft", ["model", "suffix", "auto", "auto-tree"])
 def test_speculation_equals_plain_in_every_placement(mode, draft):
+    tree = draft == "auto-tree"
+    draft = draft.removesuffix("-tree")
     cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode], n_threads=8,
-                       draft=draft, draft_model=str(DRAFTER), draft_max=8)
+                       draft=draft, draft_model=str(DRAFTER), draft_max=8, draft_tree=tree)
     with Engine(cfg) as engine:
         assert engine.placement.plan.placement == mode
         if draft == "model":
@@ -78,6 +80,8 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
             engine.drafter.model_acceptance = DepthAcceptance(prior=1.0)
             cal = engine.drafter.confidence
             cal.num[:] = cal.den[:] = 1e6
+            if tree:  # ... and draft a best-first tree of 7 nodes at every step
+                engine.drafter._tree_choice = lambda budget: (7, float("inf"))
         # The same engine with speculation off: a plain engine of the same placement would
         # hold a different number of target layers on the GPU (no drafter beside them), and
         # different kernels move the clone's near-flat logits (an offload run parted there

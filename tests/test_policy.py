@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgespec.decode.sampling import SamplingParams
 from edgespec.drafters.auto.policy import (CostModel, DepthAcceptance, RatioEstimate, TreeDepthCalibration, best_chain_length,
                              best_tree_prefix, path_probabilities)
 
@@ -100,7 +101,7 @@ def test_tree_sizes_probe_the_largest_then_pick_what_pays_and_fall_back_to_plain
     flat = CostModel((1, 8, 64), (1.0, 2.0, 2.5), draft_token_s=0.001)  # op offload: big batches cost alike
     sizes = TreeSizes((3, 7, 15, 31, 63), probe_every=4)
     assert sizes.size(40) == 31 and sizes.size(2) == 0  # no cost model: the largest size allowed
-    assert sizes.choose(flat, 63) == 63  # unseen sizes are assumed to accept all they draft
+    assert sizes.choose(flat, 63) == 63  # the first step probes the largest size
     # a 63-node tree whose nodes 0, 1, 5, 9, 40 spell the answer: every size learns its share
     parents = [-1, 0] + [-1] * 3 + [1] + [-1] * 3 + [5] + [-1] * 30 + [9] + [-1] * 22
     tokens = [10, 11] + [0] * 3 + [12] + [0] * 3 + [13] + [0] * 30 + [14] + [0] * 22
@@ -116,23 +117,25 @@ def test_tree_sizes_probe_the_largest_then_pick_what_pays_and_fall_back_to_plain
 
 def test_tree_sizes_learn_nothing_about_sizes_larger_than_the_tree_drafted():
     """A small tree that accepted little lowers the level every size scales, not the shape of
-    sizes it could not see: the larger sizes stay priced at all they draft times the level."""
-    from edgespec.drafters.auto.policy import TreeSizes
+    sizes it could not see: the larger sizes keep their prior's ratio to the smallest."""
+    from edgespec.drafters.auto.policy import PRIOR_TREE_ACCEPTED, TreeSizes
     from edgespec.spec.tree import DraftTree
 
     sizes = TreeSizes((3, 7, 15, 31, 63))
-    assert sizes.expected(63) == 63 and sizes.expected(3) == 3  # unseen: every node accepted
-    chain = DraftTree.chain([10, 11, 0], "model")
-    sizes.learn(chain, [10, 99])  # a 3-node tree accepted 1 token
+    assert {b: sizes.expected(b) for b in sizes.sizes} == pytest.approx(PRIOR_TREE_ACCEPTED)
+    ratio = {b: PRIOR_TREE_ACCEPTED[b] / PRIOR_TREE_ACCEPTED[3] for b in sizes.sizes}
+    sizes.learn(DraftTree.chain([10, 11, 0], "model"), [10, 99])  # a 3-node tree accepted 1 token
     assert sizes.expected(3) == 1
-    assert sizes.expected(63) == pytest.approx(21)  # 1 x 63 / 3: its shape is still the prior's
+    assert sizes.expected(63) == pytest.approx(ratio[63])  # 1 x its prior shape
     # a tree whose 4th node extends the answer: 2 accepted by every size that holds it, 1 by the
     # 3-node tree; the larger sizes' shapes move (weight 4, decay 0.99), the level stays at 1
     wide = DraftTree(np.asarray([10, 0, 0, 11] + [0] * 59), np.asarray([-1, -1, -1, 0] + [-1] * 59))
     sizes.learn(wide, [10, 11, 99])
     assert sizes.expected(3) == pytest.approx(1.0)
     for b in (7, 15, 31, 63):
-        assert sizes.expected(b) == pytest.approx((b / 3 * 4 * 0.99 + 2) / (4 * 0.99 + 1))
+        assert sizes.expected(b) == pytest.approx((ratio[b] * 4 * 0.99 + 2) / (4 * 0.99 + 1))
+    # sizes off the prior's menu start from every node accepted
+    assert TreeSizes((2, 4)).expected(4) == 4
 
 
 def test_confidence_calibration_starts_from_the_drafter_and_learns_where_it_is_wrong():
@@ -203,6 +206,55 @@ def test_auto_verifies_the_chain_up_to_where_the_drafter_turns_unsure():
     dear = AutoDrafter(SuffixDrafter(), CostModel(*curve, draft_token_s=0.02), model=_FixedChain(model.confidences))
     dear.begin([1, 2, 3])
     assert len(dear.propose([1, 2, 3], 8)) == 3 and dear.model.asked == [4]
+
+
+class _TreeOrChain(_FixedChain):
+    """A drafter that drafts a best-first tree or a chain as asked (ModelDrafter's ``tree``
+    argument), its trees learned by a real TreeSizes; every drafted token is wrong."""
+
+    tree = True
+
+    def __init__(self, confidences):
+        from edgespec.drafters.auto.policy import TreeSizes
+        from edgespec.drafters.model import TREE_SIZES
+
+        super().__init__(confidences)
+        self.sizes, self.shapes, self._verifying = TreeSizes(TREE_SIZES), [], None
+
+    def propose(self, context, budget, stop=None, tree=None):
+        from edgespec.spec.tree import DraftTree
+
+        self.shapes.append(("tree" if tree else "chain", budget))
+        if not tree:
+            return super().propose(context, budget, stop)
+        self._verifying = DraftTree(np.full(budget, 100), np.full(budget, -1), source="model")
+        return self._verifying
+
+    def observe(self, emitted):
+        self.sizes.learn(self._verifying, emitted)
+        self._verifying = None
+
+
+def test_auto_drafts_a_tree_or_a_chain_whichever_prices_higher():
+    from edgespec.drafters.auto.drafter import AutoDrafter
+    from edgespec.drafters.suffix import SuffixDrafter
+
+    model = _TreeOrChain([0.99] * 64)
+    auto = AutoDrafter(SuffixDrafter(), FLAT, model=model)  # verification flat: 64 rows cost one
+    auto.begin([1, 2, 3])
+    draft = auto.propose([1, 2, 3], 63)
+    # a 63-node tree priced by its prior (10.6 tokens) against 0.6 a depth for a chain
+    assert model.shapes == [("tree", 63)] and draft.source == "model" and len(draft) == 63
+    auto.observe([7])
+    for _ in range(40):  # trees that accept nothing teach the sizes that trees do not pay here
+        model.sizes.learn(draft, [7])
+    auto.propose([1, 2, 3, 7], 63)
+    assert model.shapes[-1][0] == "chain"  # asked with tree=False, sized by its confidences
+    auto.observe([8])
+    sampling = AutoDrafter(SuffixDrafter(), FLAT, model=_TreeOrChain([0.99] * 64))
+    sampling.begin([1, 2, 3], sampling=SamplingParams(temperature=1.0))
+    sampling.propose([1, 2, 3], 63)
+    assert sampling.model.shapes and all(shape == "chain" for shape, _ in sampling.model.shapes)  # trees: greedy only
 
 
 def test_what_the_confidences_taught_is_kept_for_the_next_request(tmp_path):

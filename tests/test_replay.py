@@ -68,20 +68,25 @@ def trace(tmp_path_factory) -> rp.Trace:
 
 
 def real_run(config: str, prompt: list[int]):
-    """A real speculative run on the fake target; returns (DoneEvent, target ctx, drafter ctx).
+    """A real speculative run on the fake target; returns (DoneEvent, target ctx, drafter ctx, trees
+    searched).
     Trees are sized by a fresh TreeSizes pricing with CHEAP (UNIT's policy)."""
     target = FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=1 + DRAFT_MAX)
     dctx = drafter_ctx()
     model = ModelDrafter(DRAFT_MODEL, ctx=dctx, min_confidence=MIN_CONFIDENCE, tree=config.endswith("-tree"))
-    model.cost = CHEAP if model.tree else None
+    model.cost = CHEAP if model.tree and config != "auto-tree" else None  # auto sizes its trees itself
     model.clock = lambda: dctx.rows_evaluated  # UNIT books a drafter row as a second
     drafter = {"suffix": lambda: SuffixDrafter(), "model": lambda: model, "model-tree": lambda: model,
                "hybrid": lambda: HybridDrafter(SuffixDrafter(), model),
                "hybrid-tree": lambda: HybridDrafter(SuffixDrafter(), model),
-               "auto": lambda: AutoDrafter(SuffixDrafter(), CHEAP, model=model)}[config]()
+               "auto": lambda: AutoDrafter(SuffixDrafter(), CHEAP, model=model),
+               "auto-tree": lambda: AutoDrafter(SuffixDrafter(), CHEAP, model=model)}[config]()
     decoder = Decoder(TARGET, KVSequence(target), SpeculativeStep(drafter, DRAFT_MAX))
+    searched = []
+    search = model._tree
+    model._tree = lambda *a: searched.append(1) or search(*a)
     done = decoder.generate(prompt, GenerationRequest(max_tokens=MAX_TOKENS, sampling=GREEDY))
-    return done, target, dctx
+    return done, target, dctx, len(searched)
 
 
 def test_trace_records_plain_output_and_both_endings(trace):
@@ -94,13 +99,14 @@ def test_trace_records_plain_output_and_both_endings(trace):
     assert sum(bool(r) for p in trace.prompts for r in p.drafter.off_run) > 10  # off-path runs recorded
 
 
-@pytest.mark.parametrize("config", ["suffix", "model", "hybrid", "auto", "model-tree", "hybrid-tree"])
+@pytest.mark.parametrize("config", ["suffix", "model", "hybrid", "auto", "model-tree", "hybrid-tree", "auto-tree"])
 def test_replay_predicts_every_step_and_batch_of_a_real_run(trace, config):
     """Same output, steps, drafted, accepted, per-drafter split, and the same decoded rows
     (trees: the same sizes chosen, so the same rows verified and the same drafter decodes)."""
-    total_accepted = 0
+    total_accepted = trees = 0
     for p in trace.prompts:
-        done, target, dctx = real_run(config, list(p.prompt))
+        done, target, dctx, searched = real_run(config, list(p.prompt))
+        trees += searched
         replayed, ledger = rp.run_replay(p, config, UNIT, SETTINGS, sizes=TreeSizes(TREE_SIZES))
         assert replayed.token_ids == done.token_ids
         real, sim = done.stats.spec, replayed.stats.spec
@@ -115,6 +121,7 @@ def test_replay_predicts_every_step_and_batch_of_a_real_run(trace, config):
         assert (ledger.drafter_rows, ledger.drafter_decodes) == (dctx.rows_evaluated, dctx.decodes)
         total_accepted += real.accepted
     assert total_accepted > 0
+    assert (trees > 0) == config.endswith("-tree")  # auto-tree: chains and trees both (81 and 7 steps)
 
 
 def test_replayed_record_prices_the_ledger(trace):

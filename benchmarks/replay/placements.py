@@ -3,6 +3,7 @@ ceiling of any draft-size policy (edgespec.bench.ceiling), as one JSON file and 
 
     .venv/bin/python benchmarks/replay/placements.py --traces specbench-30,code-edit \
         --configs plain,suffix,model,hybrid,auto --json out.json
+    # trees: --configs plain,auto,hybrid-tree,auto-tree --draft-max 63 --node-ms 0.59
 
 Each (trace, placement) is one replay in the bench's order (every configuration per prompt, one
 shared drafter cache, auto's memory carried from prompt to prompt); seconds, no model.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from simulate import load_costs, load_traces
@@ -30,10 +32,13 @@ def main() -> None:
     ap.add_argument("--placements", default=",".join(PLACEMENTS))
     ap.add_argument("--ceiling", default="model,suffix", help="sources of the ceiling row ('' for none)")
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--draft-max", type=int, default=32, help="63 for trees (the largest 63 nodes)")
+    ap.add_argument("--node-ms", type=float, default=None,
+                    help="Python-side milliseconds per tree node expanded (simulate.py's --node-ms)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    settings = rp.ReplaySettings(max_tokens=args.max_tokens)
+    settings = rp.ReplaySettings(max_tokens=args.max_tokens, draft_max=args.draft_max)
     replayed = ["plain"] + [c for c in args.configs.split(",") if c != "plain"]
     columns = replayed[1:] + ([CEILING] if args.ceiling else [])
     out: dict[str, dict] = {}
@@ -43,6 +48,8 @@ def main() -> None:
         label = Path(label).name.removesuffix(".json.gz")
         for name in args.placements.split(","):
             costs = load_costs(name)
+            if args.node_ms is not None:
+                costs = replace(costs, node_s=args.node_ms * 1e-3)
             records = rp.replay(trace, replayed, costs, settings)
             if args.ceiling:
                 records += [ceiling_record(p, costs, settings, args.ceiling.split(",")) for p in trace.prompts]

@@ -58,8 +58,9 @@ VERSION = 1
 OFF_PATH = -1  # token id standing for a drafted token off the plain path (never accepted)
 # "model-overlap": the model drafter drafting ahead while the target verifies (SpeculativeStep's
 # overlap), the drafting booked only where it outlasts the verification.
-# "-tree": the model drafter drafting best-first trees sized by TreeSizes (edgespec.bench.replay_trees).
-CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto", "model-overlap", "model-tree", "hybrid-tree")
+# "-tree": the model drafter drafting best-first trees sized by TreeSizes (edgespec.bench.replay_trees);
+# "auto-tree": `auto` whose drafter model drafts, per step, a chain or a tree (`--draft-tree`).
+CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto", "model-overlap", "model-tree", "hybrid-tree", "auto-tree")
 TREE = "-tree"
 OVERLAP = "-overlap"
 N_BATCH = 512  # prompt / sync chunks (ContextParams.n_batch)
@@ -527,7 +528,10 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
     if config.endswith(TREE):
         from edgespec.bench.replay_trees import TraceTreeDrafter
 
-        model = TraceTreeDrafter(trace, ledger, settings.n_ctx, cache, sizes, costs.policy_model())
+        auto = config == "auto" + TREE  # auto sizes the trees itself: the drafter takes its size
+        model = TraceTreeDrafter(trace, ledger, settings.n_ctx, cache, sizes, None if auto else costs.policy_model())
+        if auto:
+            return _auto(model, ledger, costs, settings, memory)
         return model if config == "model" + TREE else HybridDrafter(suffix_drafter(settings.draft_max), model)
     has_model = trace.drafter is not None and (config != "auto" or costs.drafter is not None)
     model = TraceChainDrafter(trace, ledger, settings.n_ctx, cache) if has_model else None
@@ -536,10 +540,15 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
     if config == "hybrid" and model is not None:
         return HybridDrafter(suffix_drafter(settings.draft_max), model)
     if config == "auto":
-        model = model if model is not None and auto_loads(costs, settings, memory) else None
-        return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model, memory=memory,
-                           model_name="model" if memory is not None else None, clock=lambda: ledger.seconds)
+        return _auto(model, ledger, costs, settings, memory)
     raise ValueError(f"config {config!r} cannot be replayed from trace {trace.id} (replayable: {CONFIGS})")
+
+
+def _auto(model, ledger: Ledger, costs: MachineCosts, settings: ReplaySettings, memory) -> AutoDrafter:
+    """`auto` over the trace's drafter model (None: none recorded), loaded only where the load rule says."""
+    model = model if model is not None and costs.drafter is not None and auto_loads(costs, settings, memory) else None
+    return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model, memory=memory,
+                       model_name="model" if memory is not None else None, clock=lambda: ledger.seconds)
 
 
 def auto_loads(costs: MachineCosts, settings: ReplaySettings, memory=None) -> bool:

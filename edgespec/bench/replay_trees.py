@@ -103,7 +103,11 @@ class TraceTreeDrafter(TraceChainDrafter):
         self.sizes, self.cost = sizes if sizes is not None else TreeSizes(TREE_SIZES), cost
         self._verifying: DraftTree | None = None
 
-    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+    tree = True
+
+    def propose(self, context: Sequence[int], budget: int, stop=None, tree: bool | None = None) -> DraftTree:
+        if tree is False:  # `auto` asked for a chain: replayed as far as chains were recorded
+            return super().propose(context, min(budget, self.trace.drafter.off_cap + 1), stop)
         t = self.trace.trees
         q = len(context) - len(self.trace.prompt)
         size = self.sizes.size(budget, self.cost)

@@ -123,9 +123,11 @@ class OnnxDrafter:
                                rows=range(len(nodes)))
 
     # -- drafting -----------------------------------------------------------------------------
-    def propose(self, context: Sequence[int], budget: int, stop: Stop | None = None) -> DraftTree:
-        """A tree or a chain of at most ``budget`` tokens; ``stop`` may end a greedy chain early."""
-        tree = self.tree and self.params.greedy
+    def propose(self, context: Sequence[int], budget: int, stop: Stop | None = None,
+                tree: bool | None = None) -> DraftTree:
+        """A tree or a chain of at most ``budget`` tokens; ``stop`` may end a greedy chain early.
+        ``tree``: this step's shape; None: the drafter's own."""
+        tree = (self.tree if tree is None else tree and self.tree) and self.params.greedy
         room = MAX_TREE_NODES + 1 if tree else budget + 1  # a tree's slots: one per expanded node
         if budget <= 0 or len(context) + room >= self.lm.n_ctx:
             return DraftTree.empty(NAME)

@@ -15,6 +15,12 @@ second on the placement's verification curve, if it beats the suffix draft. Wher
 verification is expensive and steep (a target on the CPU or partly offloaded), how long a
 chain pays depends on where the drafter turns unsure, not on the average depth it reached.
 
+With ``--draft-tree`` (greedy), the drafter model may instead draft a best-first tree of one of
+TreeSizes' sizes (edgespec.drafters.auto.policy), priced from what each size accepted here:
+the tree or the chain, whichever prices higher, competes with the suffix draft. Replayed on a
+7B offloaded to a third of its weights (benchmarks/RESULTS-gpu.md section 11), trees win on
+code edits (a flat verification curve pays for 63 nodes) and chains on Spec-Bench.
+
 Estimates keep learning while a mode is not chosen: after every step the suffix draft that
 was offered is checked against the token the target actually produced (free), and the model
 drafter is re-probed with a short chain every ``probe_every`` steps.
@@ -78,6 +84,7 @@ class AutoDrafter:
         self._offered: DraftTree | None = None  # the suffix draft of the current step
         self._chosen: DraftTree | None = None
         self._steps_since_model = 0
+        self._tree_size = 0  # the size of this step's model tree (0: a chain or no model draft)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
@@ -153,6 +160,9 @@ class AutoDrafter:
         return self.suffix_calibration[match_class(offered.match_len)]
 
     def _model_choice(self, budget: int) -> tuple[int, float]:
+        """What the drafter model drafts this step: a chain's length or a tree's size (sets
+        ``_tree_size``; 0 = nothing) and its expected tokens/s."""
+        self._tree_size = 0
         if self.model is None:
             return 0, 0.0
         # If even a drafter that is always right cannot beat a plain step at these costs
@@ -161,9 +171,22 @@ class AutoDrafter:
         if best_chain_length([1.0] * budget, self.cost, budget)[0] == 0:
             return 0, 0.0
         k, rate = best_chain_length(self.model_acceptance.alphas(), self.cost, budget)
+        size, tree_rate = self._tree_choice(budget)
+        if tree_rate > rate:
+            self._tree_size = size
+            return size, tree_rate
         if k == 0 and self._steps_since_model >= self.probe_every:
             return 2, float("inf")  # re-probe: text changes, and so does the drafter's luck
         return k, rate
+
+    def _tree_choice(self, budget: int) -> tuple[int, float]:
+        """The best-first tree size this step (0: none) and its expected tokens/s, where the
+        drafter model can draft trees (``--draft-tree``; TreeSizes learns what each size accepts)."""
+        sizes = getattr(self.model, "sizes", None)
+        if not (self._greedy and getattr(self.model, "tree", False)) or sizes is None:
+            return 0, 0.0
+        size = sizes.choose(self.cost, budget)
+        return (size, sizes.rate(self.cost, size)) if size else (0, 0.0)
 
     def _timed_model_draft(self, context: Sequence[int], k: int, budget: int) -> DraftTree:
         start = self.clock()
@@ -172,10 +195,14 @@ class AutoDrafter:
         return draft
 
     def _model_draft(self, context: Sequence[int], k: int, budget: int) -> DraftTree:
-        """A greedy chain sized by its confidences (module docstring); else ``k`` tokens."""
-        if not self._greedy or getattr(self.model, "tree", False):
+        """A best-first tree of ``k`` nodes (``_tree_choice``), a greedy chain sized by its
+        confidences (module docstring), or, sampling, ``k`` tokens."""
+        if self._tree_size:
+            return self.model.propose(context, k, tree=True).relabel("model")
+        if not self._greedy:
             return self.model.propose(context, k).relabel("model")
-        chain = self.model.propose(context, budget, stop=self._stop)
+        shape = {"tree": False} if getattr(self.model, "tree", False) else {}  # a tree drafter's chain
+        chain = self.model.propose(context, budget, stop=self._stop, **shape)
         self._drafted = chain
         if chain.scores is None or not len(chain):
             return chain.relabel("model")
@@ -192,7 +219,7 @@ class AutoDrafter:
     # -- learning -----------------------------------------------------------------------------
     def observe(self, emitted: Sequence[int]) -> None:
         chosen, offered = self._chosen, self._offered
-        if chosen is not None and chosen.source == "model":
+        if chosen is not None and chosen.source == "model" and not self._tree_size:  # chains' depths
             accepted = len(emitted) - 1
             self.model_acceptance.update(len(chosen), accepted)
         drafted, self._drafted = self._drafted, None
