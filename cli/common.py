@@ -30,7 +30,8 @@ STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
 DRAFT = typer.Option("auto", "--draft", "-d",
                      help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path.")
 DRAFT_MAX = typer.Option(32, "--draft-max", min=1, max=64, help="Most drafted tokens per step.")
-DRAFT_TREE = typer.Option(False, "--draft-tree", help="Model drafter: best-first tree (greedy) instead of a chain.")
+DRAFT_TREE = typer.Option(False, "--draft-tree", help="Greedy: the model drafter drafts best-first trees "
+                          "(`auto`: a tree or a chain per step, whichever prices higher).")
 RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
                            help="Greedy: re-decode alone any verified position whose top-2 logit gap is "
                                 "below this (batch numerics can flip such near-ties); 0: off.")

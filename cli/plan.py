@@ -105,7 +105,7 @@ def plan(
     if draft == "auto" and drafter is not None and p.drafter_placement != "none":
         from edgespec.memory.budget import auto_skips_drafter
 
-        why = auto_skips_drafter(p, str(path), str(drafter_path), store, draft_max)
+        why = auto_skips_drafter(p, str(path), str(drafter_path), store, draft_max, draft_tree)
         if why:
             notes.append(why)
             drafter = None

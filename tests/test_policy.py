@@ -125,17 +125,31 @@ def test_tree_sizes_learn_nothing_about_sizes_larger_than_the_tree_drafted():
     assert {b: sizes.expected(b) for b in sizes.sizes} == pytest.approx(PRIOR_TREE_ACCEPTED)
     ratio = {b: PRIOR_TREE_ACCEPTED[b] / PRIOR_TREE_ACCEPTED[3] for b in sizes.sizes}
     sizes.learn(DraftTree.chain([10, 11, 0], "model"), [10, 99])  # a 3-node tree accepted 1 token
-    assert sizes.expected(3) == 1
-    assert sizes.expected(63) == pytest.approx(ratio[63])  # 1 x its prior shape
+    level = 0.8 * PRIOR_TREE_ACCEPTED[3] + 0.2 * 1  # a fifth of the way from the prior
+    assert sizes.expected(3) == pytest.approx(level)
+    assert sizes.expected(63) == pytest.approx(level * ratio[63])  # its shape is still the prior's
     # a tree whose 4th node extends the answer: 2 accepted by every size that holds it, 1 by the
-    # 3-node tree; the larger sizes' shapes move (weight 4, decay 0.99), the level stays at 1
+    # 3-node tree; the larger sizes' shapes move (weight 4, decay 0.99)
     wide = DraftTree(np.asarray([10, 0, 0, 11] + [0] * 59), np.asarray([-1, -1, -1, 0] + [-1] * 59))
     sizes.learn(wide, [10, 11, 99])
-    assert sizes.expected(3) == pytest.approx(1.0)
+    level = 0.8 * level + 0.2 * 1
     for b in (7, 15, 31, 63):
-        assert sizes.expected(b) == pytest.approx((ratio[b] * 4 * 0.99 + 2) / (4 * 0.99 + 1))
+        assert sizes.expected(b) == pytest.approx(level * (ratio[b] * 4 * 0.99 + 2) / (4 * 0.99 + 1))
     # sizes off the prior's menu start from every node accepted
     assert TreeSizes((2, 4)).expected(4) == 4
+
+
+def test_tree_sizes_price_trees_again_after_steps_without_them():
+    from edgespec.drafters.auto.policy import PRIOR_TREE_ACCEPTED, TreeSizes
+    from edgespec.spec.tree import DraftTree
+
+    sizes = TreeSizes((3, 7, 15, 31, 63))
+    for _ in range(40):  # trees that accept nothing
+        sizes.learn(DraftTree.chain([10, 11, 12], "model"), [99])
+    assert sizes.level < 0.01
+    for _ in range(30):  # choices that drafted no tree: the level reverts a tenth a choice
+        sizes.choose(FLAT, 63)
+    assert sizes.level == pytest.approx(PRIOR_TREE_ACCEPTED[3], rel=0.05)
 
 
 def test_confidence_calibration_starts_from_the_drafter_and_learns_where_it_is_wrong():
@@ -242,15 +256,35 @@ def test_auto_drafts_a_tree_or_a_chain_whichever_prices_higher():
     model = _TreeOrChain([0.99] * 64)
     auto = AutoDrafter(SuffixDrafter(), FLAT, model=model)  # verification flat: 64 rows cost one
     auto.begin([1, 2, 3])
-    draft = auto.propose([1, 2, 3], 63)
-    # a 63-node tree priced by its prior (10.6 tokens) against 0.6 a depth for a chain
-    assert model.shapes == [("tree", 63)] and draft.source == "model" and len(draft) == 63
-    auto.observe([7])
-    for _ in range(40):  # trees that accept nothing teach the sizes that trees do not pay here
-        model.sizes.learn(draft, [7])
-    auto.propose([1, 2, 3, 7], 63)
-    assert model.shapes[-1][0] == "chain"  # asked with tree=False, sized by its confidences
-    auto.observe([8])
+    context = [1, 2, 3]
+
+    def step(emitted):
+        draft = auto.propose(context, 63)
+        auto.observe(emitted)
+        context.extend(emitted)
+        return draft
+
+    alphas = auto.model_acceptance.alphas()
+    first = step([7])  # the first step probes the largest tree; it accepts nothing
+    assert model.shapes == [("tree", 63)] and first.source == "model" and len(first) == 63
+    assert auto.model_acceptance.alphas() == alphas  # a tree teaches TreeSizes, not the chain's depths
+    assert model.sizes.level == pytest.approx(0.8 * 1.76)  # one tree moves the level a fifth of the way
+    # priced, not probed: 63 nodes expected to accept ~1.4 x 4.1 tokens beat a chain at 0.6 a depth
+    step([8])
+    assert model.shapes[-1] == ("tree", 63)
+    for _ in range(40):  # trees that accept nothing: the level falls to ~0
+        model.sizes.learn(first, [7])
+    level, shape = model.sizes.level, model.sizes.shape[63].state()
+    step([9])
+    assert model.shapes[-1][0] == "chain"  # a chain prices higher now: asked with tree=False
+    # it taught no tree size: the shape is as it was, the level only reverted a tenth toward its prior
+    assert model.sizes.shape[63].state() == shape
+    assert model.sizes.level == pytest.approx(level + (1.76 - level) * 0.1)
+    for _ in range(30):  # steps without trees: their level reverts toward its prior
+        step([9])
+        if model.shapes[-1][0] == "tree":
+            break
+    assert model.shapes[-1][0] == "tree"  # trees are priced back in, not locked out
     sampling = AutoDrafter(SuffixDrafter(), FLAT, model=_TreeOrChain([0.99] * 64))
     sampling.begin([1, 2, 3], sampling=SamplingParams(temperature=1.0))
     sampling.propose([1, 2, 3], 63)

@@ -68,8 +68,8 @@ def trace(tmp_path_factory) -> rp.Trace:
 
 
 def real_run(config: str, prompt: list[int]):
-    """A real speculative run on the fake target; returns (DoneEvent, target ctx, drafter ctx, trees
-    searched).
+    """A real speculative run on the fake target; returns (DoneEvent, target ctx, drafter ctx, how
+    many trees and chains the model drafted).
     Trees are sized by a fresh TreeSizes pricing with CHEAP (UNIT's policy)."""
     target = FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=1 + DRAFT_MAX)
     dctx = drafter_ctx()
@@ -82,11 +82,19 @@ def real_run(config: str, prompt: list[int]):
                "auto": lambda: AutoDrafter(SuffixDrafter(), CHEAP, model=model),
                "auto-tree": lambda: AutoDrafter(SuffixDrafter(), CHEAP, model=model)}[config]()
     decoder = Decoder(TARGET, KVSequence(target), SpeculativeStep(drafter, DRAFT_MAX))
-    searched = []
-    search = model._tree
-    model._tree = lambda *a: searched.append(1) or search(*a)
+    shapes = {"tree": 0, "chain": 0}
+
+    def counted(shape):
+        draft = getattr(model, f"_{shape}")
+
+        def counting(*args):
+            shapes[shape] += 1
+            return draft(*args)
+        return counting
+
+    model._tree, model._chain = counted("tree"), counted("chain")
     done = decoder.generate(prompt, GenerationRequest(max_tokens=MAX_TOKENS, sampling=GREEDY))
-    return done, target, dctx, len(searched)
+    return done, target, dctx, shapes
 
 
 def test_trace_records_plain_output_and_both_endings(trace):
@@ -103,10 +111,10 @@ def test_trace_records_plain_output_and_both_endings(trace):
 def test_replay_predicts_every_step_and_batch_of_a_real_run(trace, config):
     """Same output, steps, drafted, accepted, per-drafter split, and the same decoded rows
     (trees: the same sizes chosen, so the same rows verified and the same drafter decodes)."""
-    total_accepted = trees = 0
+    total_accepted, shapes = 0, {"tree": 0, "chain": 0}
     for p in trace.prompts:
-        done, target, dctx, searched = real_run(config, list(p.prompt))
-        trees += searched
+        done, target, dctx, drafted = real_run(config, list(p.prompt))
+        shapes = {k: shapes[k] + drafted[k] for k in shapes}
         replayed, ledger = rp.run_replay(p, config, UNIT, SETTINGS, sizes=TreeSizes(TREE_SIZES))
         assert replayed.token_ids == done.token_ids
         real, sim = done.stats.spec, replayed.stats.spec
@@ -121,7 +129,9 @@ def test_replay_predicts_every_step_and_batch_of_a_real_run(trace, config):
         assert (ledger.drafter_rows, ledger.drafter_decodes) == (dctx.rows_evaluated, dctx.decodes)
         total_accepted += real.accepted
     assert total_accepted > 0
-    assert (trees > 0) == config.endswith("-tree")  # auto-tree: chains and trees both (81 and 7 steps)
+    assert (shapes["tree"] > 0) == config.endswith("-tree")
+    if config == "auto-tree":
+        assert shapes["chain"] > 0  # it drafts both, step by step
 
 
 def test_replayed_record_prices_the_ledger(trace):

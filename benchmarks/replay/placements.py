@@ -3,7 +3,8 @@ ceiling of any draft-size policy (edgespec.bench.ceiling), as one JSON file and 
 
     .venv/bin/python benchmarks/replay/placements.py --traces specbench-30,code-edit \
         --configs plain,suffix,model,hybrid,auto --json out.json
-    # trees: --configs plain,auto,hybrid-tree,auto-tree --draft-max 63 --node-ms 0.59
+    # trees (chains are recorded to 32 tokens: no `auto` here): --configs plain,hybrid-tree,auto-tree \
+    #     --draft-max 63 --node-ms 0.59 --ceiling model,tree,suffix
 
 Each (trace, placement) is one replay in the bench's order (every configuration per prompt, one
 shared drafter cache, auto's memory carried from prompt to prompt); seconds, no model.

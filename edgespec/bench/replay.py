@@ -44,7 +44,7 @@ from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.tokens import common_prefix
 from edgespec.drafters import suffix_drafter
 from edgespec.drafters.auto.drafter import AutoDrafter
-from edgespec.drafters.auto.memory import PolicyMemory
+from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.auto.select import pays
 from edgespec.drafters.hybrid import HybridDrafter
@@ -531,7 +531,7 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
         auto = config == "auto" + TREE  # auto sizes the trees itself: the drafter takes its size
         model = TraceTreeDrafter(trace, ledger, settings.n_ctx, cache, sizes, None if auto else costs.policy_model())
         if auto:
-            return _auto(model, ledger, costs, settings, memory)
+            return _auto(model, ledger, costs, settings, memory, tree=True)
         return model if config == "model" + TREE else HybridDrafter(suffix_drafter(settings.draft_max), model)
     has_model = trace.drafter is not None and (config != "auto" or costs.drafter is not None)
     model = TraceChainDrafter(trace, ledger, settings.n_ctx, cache) if has_model else None
@@ -544,19 +544,23 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
     raise ValueError(f"config {config!r} cannot be replayed from trace {trace.id} (replayable: {CONFIGS})")
 
 
-def _auto(model, ledger: Ledger, costs: MachineCosts, settings: ReplaySettings, memory) -> AutoDrafter:
-    """`auto` over the trace's drafter model (None: none recorded), loaded only where the load rule says."""
-    model = model if model is not None and costs.drafter is not None and auto_loads(costs, settings, memory) else None
+def _auto(model, ledger: Ledger, costs: MachineCosts, settings: ReplaySettings, memory,
+          tree: bool = False) -> AutoDrafter:
+    """`auto` over the trace's drafter model (None: none recorded), loaded only where the load
+    rule says; what it learns is kept under the drafter's name for its mode (drafter_key)."""
+    name = drafter_key("model", tree)
+    model = model if model is not None and costs.drafter is not None and auto_loads(costs, settings, memory, name) \
+        else None
     return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model, memory=memory,
-                       model_name="model" if memory is not None else None, clock=lambda: ledger.seconds)
+                       model_name=name if memory is not None else None, clock=lambda: ledger.seconds)
 
 
-def auto_loads(costs: MachineCosts, settings: ReplaySettings, memory=None) -> bool:
+def auto_loads(costs: MachineCosts, settings: ReplaySettings, memory=None, name: str = "model") -> bool:
     """Whether `auto` would load the drafter model (edgespec.drafters.auto.select's rule): only
-    if its steps gain (as measured in ``memory``, else by its prior). The bench builds auto per
-    run, so replay asks per prompt."""
+    if its steps gain (as measured in ``memory`` under ``name``, else by its prior). The bench
+    builds auto per run, so replay asks per prompt."""
     policy = costs.policy_model()
-    learned = memory.drafter_gain("model") if memory is not None else None
+    learned = memory.drafter_gain(name) if memory is not None else None
     return pays(policy, policy.draft_token_s, settings.draft_max, learned)
 
 
@@ -604,7 +608,12 @@ def check_settings(trace: Trace, settings: ReplaySettings, configs: Sequence[str
     caps = {p.drafter.off_cap for p in trace.prompts if p.drafter is not None}
     if chains and caps and settings.draft_max > min(caps) + 1:
         raise ValueError(f"draft_max {settings.draft_max} exceeds the recorded chains ({min(caps) + 1} tokens)")
-    if "auto" in configs and any(p.drafter is not None and p.drafter.off_logprobs is None for p in trace.prompts):
+    if "auto" + TREE in configs and caps and settings.draft_max > min(caps) + 1:
+        log.warning("%s: auto-tree's chains are replayed up to %d tokens (the runs recorded after a miss), not "
+                    "draft_max %d (trees and suffix drafts use all of it)", trace.suite, min(caps) + 1,
+                    settings.draft_max)
+    if ("auto" in configs or "auto" + TREE in configs) and any(
+            p.drafter is not None and p.drafter.off_logprobs is None for p in trace.prompts):
         log.warning("%s: recorded before off-path confidences were kept; auto's chains past a miss are "
                     "priced at min_confidence (record.py --redraft records them)", trace.suite)
     if any(c.endswith(TREE) for c in configs):

@@ -87,7 +87,8 @@ def _expander(p: int, output: Sequence[int], plain: list[Children], cache: dict,
 
 
 class TraceTreeDrafter(TraceChainDrafter):
-    """The `model` drafter drafting best-first trees, read from a TreeTrace.
+    """The `model` drafter drafting best-first trees, read from a TreeTrace; a chain when asked
+    (``tree=False``: `auto` picks per step), read from the DrafterTrace.
 
     Its tree of the chosen size holds the recorded accepted path (at the nodes' recorded
     places in the largest tree, so the size policy learns what every smaller size would have
@@ -101,16 +102,15 @@ class TraceTreeDrafter(TraceChainDrafter):
             raise ValueError(f"trace {trace.id} has no tree records")
         super().__init__(trace, ledger, n_ctx, cache)
         self.sizes, self.cost = sizes if sizes is not None else TreeSizes(TREE_SIZES), cost
+        self.tree = True
         self._verifying: DraftTree | None = None
-
-    tree = True
 
     def propose(self, context: Sequence[int], budget: int, stop=None, tree: bool | None = None) -> DraftTree:
         if tree is False:  # `auto` asked for a chain: replayed as far as chains were recorded
             return super().propose(context, min(budget, self.trace.drafter.off_cap + 1), stop)
         t = self.trace.trees
         q = len(context) - len(self.trace.prompt)
-        size = self.sizes.size(budget, self.cost)
+        size = budget if tree else self.sizes.size(budget, self.cost)  # tree=True: `auto` sized it
         if size <= 0 or q >= len(t.accepted) or len(context) + TREE_SEQUENCES >= self.n_ctx:
             return DraftTree.empty(self.name)
         self._sync(context)

@@ -157,10 +157,13 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], budget: int, stop: Stop | None = None,
                 tree: bool | None = None) -> DraftTree:
         """A tree or a chain of at most ``budget`` tokens; ``stop`` may end a greedy chain early.
-        ``tree``: this step's shape (`auto` picks per step); None: the drafter's own."""
+        ``tree``: this step's shape, ``budget`` then the tree's size (`auto` sizes its trees
+        itself); None: the drafter's own shape, a tree sized by its TreeSizes."""
+        sized = tree is not None
         tree = (self.tree if tree is None else tree and self.tree) and self.params.greedy
         if tree:  # sized before syncing: a step that drafts nothing decodes nothing
-            budget = self.sizes.size(min(budget, MAX_TREE_NODES, self.ctx.n_seq_max - 1), self.cost)
+            limit = min(budget, MAX_TREE_NODES, self.ctx.n_seq_max - 1)
+            budget = limit if sized else self.sizes.size(limit, self.cost)
         room = self.ctx.n_seq_max if tree else budget + 1  # a tree's cells: one per expanded node
         if budget <= 0 or len(context) + room >= self.ctx.n_ctx:
             return DraftTree.empty(NAME)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from edgespec.memory import planner
 from edgespec.llama.backend import ContextParams, ModelParams
@@ -18,15 +17,10 @@ from edgespec.drafters import KINDS, DraftConfig, drafter_model_path, kind_of
 from edgespec.files.modelfile import model_file
 from edgespec.errors import InvalidRequest, ModelNotFound
 from edgespec.files.store import ModelStore
+from edgespec.memory.filebacked import RELEASE_MARGIN
 
 log = logging.getLogger(__name__)
 
-# Headroom under the budget for what the weight releaser's poll lets a pass fault in before it
-# drops the pages, plus the interpreter's own jitter (allocations between RSS samples). Measured
-# with a 600 MiB budget on the 2-core VM (tests/test_budget.py's file-backed scenario): peaks
-# 4-18 MiB above the release limit in 8 quiet runs, 52 MiB above it once in a full `make test`
-# (the watcher thread scheduled late), which a 48 MiB margin turned into a 0.6% overshoot.
-RELEASE_MARGIN = 80 << 20
 
 
 @dataclass(frozen=True)
@@ -114,7 +108,7 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
     plan = plan_with(drafter_fp)
     notes = []
     if kind is not None and kind.name == "auto" and drafter_fp is not None and plan.drafter_placement != "none":
-        why = auto_skips_drafter(plan, target_path, str(dpath), store, draft_max)
+        why = auto_skips_drafter(plan, target_path, str(dpath), store, draft_max, draft_tree)
         if why:  # calibration says it cannot pay here: plan (and load) without it
             notes.append(why)
             dpath = drafter_fp = None
@@ -150,11 +144,11 @@ def drafter_model_params(plan: planner.Plan) -> ModelParams:
 
 
 def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, store: ModelStore,
-                       draft_max: int) -> str | None:
+                       draft_max: int, draft_tree: bool = False) -> str | None:
     """Why `auto` will not load the drafter model this plan places, from this placement's cached
     calibration (edgespec.drafters.auto.select), or None when it may (or nothing is measured)."""
     from edgespec.drafters.auto.calibrate import cached_draft_cost, cached_verify, calibration_key
-    from edgespec.drafters.auto.memory import PolicyMemory
+    from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
     from edgespec.drafters.auto.select import no_gain, pays
     from edgespec.drafters.model import ModelDrafter
     from edgespec.llama.backend import default_threads
@@ -165,8 +159,7 @@ def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, 
     verify = cached_verify(store.home, target_key)
     cost = cached_draft_cost(store.home, calibration_key(drafter_path, drafter_model_params(plan), threads,
                                                          ModelDrafter.context_params(plan.n_ctx).flash_attn))
-    memory, name = PolicyMemory(store.home, target_key), Path(drafter_path).name
-    learned = memory.drafter_gain(name)
+    learned = PolicyMemory(store.home, target_key).drafter_gain(drafter_key(drafter_path, draft_tree))
     if verify is None or cost is None or pays(verify, cost, draft_max, learned):
         return None
     return (f"auto: the drafter model is not loaded: calibrated here, a drafted token costs "

@@ -22,6 +22,7 @@ from edgespec.memory.footprint import (ENGINE_N_BATCH, MiB, ContextFootprint, Mo
 from edgespec.memory.machine import (GPUDevice, MachineInfo, default_ram_budget, default_threads,
                                      default_vram_budget, machine)
 from edgespec.memory import placements
+from edgespec.memory.filebacked import RELEASE_MARGIN
 from edgespec.units import format_bytes
 
 # The planner's public surface includes the footprint and machine types it plans with.
@@ -355,6 +356,9 @@ class _Planner:
             parts.append(Part("suffix index", "RAM", SUFFIX_BYTES_PER_TOKEN * (cfg.suffix_cap + cfg.n_ctx),
                               f"history cap {cfg.suffix_cap} tokens + the current context, "
                               f"~{SUFFIX_BYTES_PER_TOKEN} B/token"))
+        if not cfg.resident:
+            parts.append(Part("weight releaser headroom", "RAM", RELEASE_MARGIN,
+                              "what a pass may fault in before the watcher drops the mapped weights"))
         if self.external is not None:  # e.g. the ONNX drafter: its own runtime, sized by itself
             parts += [Part(c, self.external.where, nbytes, note) for c, nbytes, note in self.external.parts(cfg.n_ctx)]
         ram = sum(p.bytes for p in parts if p.where == "RAM")

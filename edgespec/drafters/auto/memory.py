@@ -21,6 +21,13 @@ log = logging.getLogger(__name__)
 CARRY_WEIGHT = 6.0
 
 
+def drafter_key(drafter_path, tree: bool = False) -> str:
+    """The name what a drafter model learned is kept under: its file name, whatever runtime
+    drafts with it, and apart when it may draft trees (``--draft-tree``): steps that draft
+    trees measure another gain than chains, so one must not decide the other's load."""
+    return Path(drafter_path).name + ("+tree" if tree else "")
+
+
 def saved_gain(state: dict, drafter: str) -> list[float] | None:
     """``drafter``'s measured gain ([num, den]) in a loaded memory state, or None where there is
     none worth reading (never measured, or malformed)."""

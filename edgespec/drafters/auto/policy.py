@@ -330,11 +330,12 @@ class TreeDepthCalibration:
 
 
 # What best-first trees of the 0.5B drafter accept per size before any is verified here: the mean
-# over every output position of the Spec-Bench tuning questions (128 tokens,
-# benchmarks/replay/traces/specbench-30.json.gz; code edits accept 2.8 / 6.2 / 12.4 / 22.9 /
-# 38.8, learned within a few steps). The prior "every node accepted" had `auto` draft 63-node
-# trees at the first 16 steps of a Spec-Bench answer beside the 7B offload (replayed) for little.
-PRIOR_TREE_ACCEPTED = {3: 2.15, 7: 4.03, 15: 6.34, 31: 8.72, 63: 10.62}
+# per step of a replay drafting every step's largest tree over the Spec-Bench tuning questions
+# (128 tokens, benchmarks/replay/traces/specbench-30.json.gz; per output position they accept
+# 2.15-10.62, but steps start where the last one failed; code edits accept 2.2-21.6 a step,
+# learned within a few steps). "Every node accepted" had `auto` draft 63-node trees at the first
+# 16 steps of a Spec-Bench answer beside the 7B offload (replayed) for little.
+PRIOR_TREE_ACCEPTED = {3: 1.76, 7: 3.08, 15: 4.45, 31: 5.88, 63: 7.23}
 
 
 class TreeSizes:
@@ -343,31 +344,43 @@ class TreeSizes:
 
     Trees are nested, so every verified tree tells what each smaller size would have accepted,
     and nothing about larger sizes. The level is what the smallest size accepts (every tree
-    holds it: a fast moving average, ``decay``, that follows the text); the shape is what each
-    larger size accepts over the smallest, learned only from steps that drafted it (slow,
-    ``shape_decay``; prior: every node accepted, ``shape_weight`` steps' worth). A size's
-    expected acceptance is their product. Replayed on the 7B `offload` curve (code edits held
-    out), one moving average per size instead fell, at the first 63-node tree that accepted
-    2 tokens, to 2 for every size, and 3-node trees were drafted at 135 of 145 steps: 4.50x
-    against 5.51x for always 63 (benchmarks/RESULTS-gpu.md section 11).
+    holds it: a fast moving average, ``decay``, starting from its prior, that follows the
+    text); the shape is what each larger size accepts over the smallest, learned only from
+    steps that drafted it (slow, ``shape_decay``, its prior worth ``shape_weight`` steps). A
+    size's expected acceptance is their product, so a small tree that accepted little lowers
+    every size's expectation and leaves the shape of sizes it could not see to their evidence.
+    Priors: PRIOR_TREE_ACCEPTED for its sizes, else every node accepted. Replayed on the 7B
+    `offload` curve (`hybrid-tree`, code edits held out), where always drafting 63 nodes gives
+    5.51x, this gives 4.77x and one moving average per size, which learns nothing of sizes above the tree
+    it saw, 4.50x with 3-node trees at 135 of 145 steps (benchmarks/RESULTS-gpu.md section 11).
+
+    The level moves only on steps that drafted a tree; each ``choose`` moves it ``revert`` of the
+    way back to its prior, so after a stretch of steps without trees they are priced again (a
+    level frozen at a run of misses kept trees out for the drafter's life; replayed on the tuning
+    sets, reverting by 0, 0.01, 0.03 and 0.1 a choice scored alike but beside the 4-layer offload,
+    where 0.1 did best on code edits: 4.99x against 4.61x).
 
     What a search of each size costs is learned from the searches run (``searched``: seconds;
     unseen: one drafter decode per node, a chain's price). ``choose`` maximises expected emitted
     tokens per second over the sizes the caller allows, against a plain step; every
-    ``probe_every`` steps it drafts the largest allowed size, so the shape of sizes it stopped
-    choosing keeps being measured.
+    ``probe_every`` steps it drafts the largest allowed size (``probing``), so the shape of
+    sizes it stopped choosing keeps being measured.
     """
 
     def __init__(self, sizes: Sequence[int], decay: float = 0.8, probe_every: int = 16,
-                 shape_weight: float = 4.0, shape_decay: float = 0.99):
+                 shape_weight: float = 4.0, shape_decay: float = 0.99, revert: float = 0.1):
         self.sizes = tuple(sorted(sizes))
-        self.decay, self.probe_every = decay, probe_every
+        self.decay, self.probe_every, self.revert = decay, probe_every, revert
         prior = PRIOR_TREE_ACCEPTED if set(self.sizes) <= set(PRIOR_TREE_ACCEPTED) else {b: b for b in self.sizes}
-        self.level = prior[self.sizes[0]]  # moving average of what the smallest size accepted
+        self.prior_level = self.level = prior[self.sizes[0]]  # moving average of what the smallest size accepted
         self.shape = {b: RatioEstimate(prior[b] / self.level, shape_weight, shape_decay) for b in self.sizes[1:]}
-        self._seen = False
         self.search_s: dict[int, float] = {}  # size -> moving average of a search's seconds
         self.steps = 0
+
+    @property
+    def probing(self) -> bool:
+        """Whether the last ``choose`` drafted the largest size to measure it, not because it pays."""
+        return self.steps % self.probe_every == 1
 
     def expected(self, size: int) -> float:
         """Tokens a tree of ``size`` (one of ``sizes``) is expected to accept."""
@@ -381,8 +394,7 @@ class TreeSizes:
 
         accepted = accepted_by(accepted_path(tree, emitted), [b for b in self.sizes if b <= len(tree)])
         base = float(accepted.pop(self.sizes[0]))
-        self.level = self.decay * self.level + (1 - self.decay) * base if self._seen else base
-        self._seen = True
+        self.level = self.decay * self.level + (1 - self.decay) * base
         for b, a in accepted.items():
             self.shape[b].update(float(a), base)
 
@@ -409,7 +421,8 @@ class TreeSizes:
         if not allowed:
             return 0
         self.steps += 1
-        if self.steps % self.probe_every == 1:
+        self.level += (self.prior_level - self.level) * self.revert
+        if self.probing:
             return allowed[-1]
         best = max(allowed, key=lambda b: self.rate(cost, b))
         return best if self.rate(cost, best) > (1.0 + margin) / cost.verify(1) else 0
