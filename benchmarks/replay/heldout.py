@@ -1,0 +1,51 @@
+"""Replays a trace on the GPU placements for a few configurations, over all its prompts and over
+those not in another trace (the prompts never looked at before): overall speedups as a table.
+
+    .venv/bin/python benchmarks/replay/heldout.py --trace code-edit-validation-16 \
+        --seen code-edit-validation --configs auto,auto-tree,hybrid-tree
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import replace
+
+from placements import PLACEMENTS
+from simulate import load_costs, load_traces
+
+from edgespec.bench import replay as rp
+from edgespec.bench.replay import TREE
+from edgespec.bench.summary import OVERALL, summarize
+
+
+def speedup(trace, config: str, costs, ids) -> float:
+    """``config``'s overall speedup over plain on the prompts ``ids``, replayed alone."""
+    draft_max = 63 if config.endswith(TREE) else 32
+    settings = rp.ReplaySettings(max_tokens=trace.max_tokens, draft_max=draft_max)
+    records = rp.replay(trace, ["plain", config], costs, settings, ids=ids)
+    return summarize(records)[config][OVERALL]["speedup"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--seen", required=True, help="a trace whose prompts count as seen")
+    ap.add_argument("--configs", default="auto,auto-tree,hybrid-tree")
+    ap.add_argument("--placements", default=",".join(p for p in PLACEMENTS if p != "gpu-1.5b"))
+    ap.add_argument("--node-ms", type=float, default=0.59)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    trace, seen = load_traces(f"{args.trace},{args.seen}")
+    every = [p.id for p in trace.prompts]
+    new = [i for i in every if i not in {p.id for p in seen.prompts}]
+    configs = args.configs.split(",")
+    print(f"| placement | " + " | ".join(f"{c}: all {len(every)} / new {len(new)}" for c in configs) + " |")
+    print("|---" * (len(configs) + 1) + "|")
+    for name in args.placements.split(","):
+        costs = replace(load_costs(name), node_s=args.node_ms * 1e-3)
+        cells = [f"{speedup(trace, c, costs, every):.2f}x / {speedup(trace, c, costs, new):.2f}x" for c in configs]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
