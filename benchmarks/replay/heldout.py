@@ -39,7 +39,7 @@ def main() -> None:
     every = [p.id for p in trace.prompts]
     new = [i for i in every if i not in {p.id for p in seen.prompts}]
     configs = args.configs.split(",")
-    print(f"| placement | " + " | ".join(f"{c}: all {len(every)} / new {len(new)}" for c in configs) + " |")
+    print("| placement | " + " | ".join(f"{c}: all {len(every)} / new {len(new)}" for c in configs) + " |")
     print("|---" * (len(configs) + 1) + "|")
     for name in args.placements.split(","):
         costs = replace(load_costs(name), node_s=args.node_ms * 1e-3)

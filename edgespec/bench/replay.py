@@ -533,8 +533,7 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
         if auto:
             return _auto(model, ledger, costs, settings, memory, tree=True)
         return model if config == "model" + TREE else HybridDrafter(suffix_drafter(settings.draft_max), model)
-    has_model = trace.drafter is not None and (config != "auto" or costs.drafter is not None)
-    model = TraceChainDrafter(trace, ledger, settings.n_ctx, cache) if has_model else None
+    model = TraceChainDrafter(trace, ledger, settings.n_ctx, cache) if trace.drafter is not None else None
     if config in ("model", "model" + OVERLAP) and model is not None:
         return model
     if config == "hybrid" and model is not None:
@@ -606,9 +605,10 @@ def check_settings(trace: Trace, settings: ReplaySettings, configs: Sequence[str
                          "needs a longer recording")
     chains = [c for c in configs if c not in (PLAIN, "suffix") and not c.endswith(TREE)]
     caps = {p.drafter.off_cap for p in trace.prompts if p.drafter is not None}
-    if chains and caps and settings.draft_max > min(caps) + 1:
+    short = bool(caps) and settings.draft_max > min(caps) + 1  # chains recorded shorter than draft_max
+    if chains and short:
         raise ValueError(f"draft_max {settings.draft_max} exceeds the recorded chains ({min(caps) + 1} tokens)")
-    if "auto" + TREE in configs and caps and settings.draft_max > min(caps) + 1:
+    if "auto" + TREE in configs and short:
         log.warning("%s: auto-tree's chains are replayed up to %d tokens (the runs recorded after a miss), not "
                     "draft_max %d (trees and suffix drafts use all of it)", trace.suite, min(caps) + 1,
                     settings.draft_max)

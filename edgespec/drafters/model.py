@@ -50,6 +50,12 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum())
 
 
+def drafts_tree(own: bool, asked: bool | None, params: SamplingParams) -> bool:
+    """Whether this step drafts a tree: the shape asked for (None: the drafter's own), only from
+    a drafter built for trees (``own``), and only greedy."""
+    return (own if asked is None else asked and own) and params.greedy
+
+
 def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params: SamplingParams,
                 rng: np.random.Generator, min_confidence: float, append, source: str,
                 stop: Stop | None = None) -> DraftTree:
@@ -160,7 +166,7 @@ class ModelDrafter:
         ``tree``: this step's shape, ``budget`` then the tree's size (`auto` sizes its trees
         itself); None: the drafter's own shape, a tree sized by its TreeSizes."""
         sized = tree is not None
-        tree = (self.tree if tree is None else tree and self.tree) and self.params.greedy
+        tree = drafts_tree(self.tree, tree, self.params)
         if tree:  # sized before syncing: a step that drafts nothing decodes nothing
             limit = min(budget, MAX_TREE_NODES, self.ctx.n_seq_max - 1)
             budget = limit if sized else self.sizes.size(limit, self.cost)

@@ -22,7 +22,7 @@ import numpy as np
 
 from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window
 from edgespec.decode.tokens import fast_common_prefix
-from edgespec.drafters.model import Stop, draft_chain
+from edgespec.drafters.model import Stop, draft_chain, drafts_tree
 from edgespec.onnx.session import MASKED, OnnxLM
 from edgespec.spec.tree import DraftTree
 from edgespec.spec.tree_search import best_first, top_children
@@ -127,7 +127,7 @@ class OnnxDrafter:
                 tree: bool | None = None) -> DraftTree:
         """A tree or a chain of at most ``budget`` tokens; ``stop`` may end a greedy chain early.
         ``tree``: this step's shape; None: the drafter's own."""
-        tree = (self.tree if tree is None else tree and self.tree) and self.params.greedy
+        tree = drafts_tree(self.tree, tree, self.params)
         room = MAX_TREE_NODES + 1 if tree else budget + 1  # a tree's slots: one per expanded node
         if budget <= 0 or len(context) + room >= self.lm.n_ctx:
             return DraftTree.empty(NAME)

@@ -22,7 +22,6 @@ from edgespec.memory.filebacked import RELEASE_MARGIN
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Placement:
     plan: planner.Plan

@@ -23,8 +23,9 @@ code edits (a flat verification curve pays for 63 nodes) and chains on Spec-Benc
 
 Estimates keep learning while a mode is not chosen: after every step the suffix draft that
 was offered is checked against the token the target actually produced (free), and the model
-drafter is re-probed with a short chain once ``probe_every`` steps passed without one, and
-TreeSizes drafts its largest tree every ``probe_every`` tree choices, whatever its price.
+drafter is re-probed with a short chain once ``probe_every`` steps passed without one; a
+tree's level reverts toward its prior while no tree is drafted (TreeSizes), so trees that
+stopped paying are priced again.
 """
 from __future__ import annotations
 

@@ -351,8 +351,9 @@ class TreeSizes:
     every size's expectation and leaves the shape of sizes it could not see to their evidence.
     Priors: PRIOR_TREE_ACCEPTED for its sizes, else every node accepted. Replayed on the 7B
     `offload` curve (`hybrid-tree`, code edits held out), where always drafting 63 nodes gives
-    5.51x, this gives 4.77x and one moving average per size, which learns nothing of sizes above the tree
-    it saw, 4.50x with 3-node trees at 135 of 145 steps (benchmarks/RESULTS-gpu.md section 11).
+    5.51x, this gives 4.77x and one moving average per size, which learns nothing of sizes
+    above the tree it saw, 4.50x with 3-node trees at 135 of 145 steps
+    (benchmarks/RESULTS-gpu.md section 11).
 
     The level moves only on steps that drafted a tree; each ``choose`` moves it ``revert`` of the
     way back to its prior, so after a stretch of steps without trees they are priced again (a
