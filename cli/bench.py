@@ -71,7 +71,8 @@ def bench(
     temperature: float = typer.Option(0.0, "--temperature", "--temp", min=0.0),
     seed: int = typer.Option(0, "--seed", "-s"),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Repeat the whole run and report the spread."),
-    draft_max: int = c.DRAFT_MAX,
+    draft_max: Optional[int] = c.DRAFT_MAX,
+    draft_tree: Optional[bool] = c.DRAFT_TREE,
     onnx_provider: str = c.ONNX_PROVIDER,
     onnx_bits: str = c.ONNX_BITS,
     recheck_gap: float = typer.Option(0.0, "--recheck-gap", min=0.0,
@@ -100,7 +101,7 @@ def bench(
     items = select(load_suite(suite) if suite else load_prompts(prompts), limit, split)
     settings = BenchSettings(model=model, draft_model=draft_model, max_tokens=max_tokens,
                              temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
-                             draft_max=draft_max, repeats=repeat, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
+                             draft_max=draft_max, draft_tree=draft_tree, repeats=repeat, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
                              share_prefill=share_prefill, recheck_gap=recheck_gap,
                              onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement, turns=turns,
                              vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None)

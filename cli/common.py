@@ -29,9 +29,13 @@ SYSTEM = typer.Option(None, "--system", help="System message.")
 STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
 DRAFT = typer.Option("auto", "--draft", "-d",
                      help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path.")
-DRAFT_MAX = typer.Option(32, "--draft-max", min=1, max=64, help="Most drafted tokens per step.")
-DRAFT_TREE = typer.Option(False, "--draft-tree", help="Greedy: the model drafter drafts best-first trees "
-                          "(`auto`: a tree or a chain per step, whichever prices higher).")
+DRAFT_MAX = typer.Option(None, "--draft-max", min=1, max=64,
+                         help="Most drafted tokens per step (default: 63 where the planner puts the drafter "
+                              "on a GPU, else 32).")
+DRAFT_TREE = typer.Option(None, "--draft-tree/--no-draft-tree",
+                          help="Greedy: the model drafter may draft best-first trees of up to 63 nodes (`auto`: "
+                               "a tree or a chain per step, whichever prices higher). Default: where the "
+                               "planner puts the drafter on a GPU.")
 RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
                            help="Greedy: re-decode alone any verified position whose top-2 logit gap is "
                                 "below this (batch numerics can flip such near-ties); 0: off.")
@@ -52,7 +56,7 @@ PLACEMENT = typer.Option(None, "--placement",
 
 
 def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,
-                        draft: str = "auto", draft_max: int = 32, draft_tree: bool = False,
+                        draft: str = "auto", draft_max: int | None = None, draft_tree: bool | None = None,
                         draft_model: str | None = None, ram_budget: str | None = None,
                         recheck_gap: float = 0.0, onnx_provider: str = "cpu", onnx_bits: str = "exact",
                         vram_budget: str | None = None, placement: str | None = None) -> Engine:

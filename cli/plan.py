@@ -1,6 +1,8 @@
 """`edgespec plan`: where a target and its drafter would go under a memory budget, without loading."""
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -74,8 +76,8 @@ def plan(
     ctx: int = typer.Option(None, "--ctx", "-c", min=16,
                             help="Context size in tokens (default: 4096, reduced to fit)."),
     kv_type: str = typer.Option(None, "--kv-type", help="Force the KV cache type: f16 | q8_0 | q4_0."),
-    draft_max: int = typer.Option(32, "--draft-max", min=1, max=64, help="Most drafted tokens per step."),
-    draft_tree: bool = typer.Option(False, "--draft-tree", help="Model drafter drafts best-first trees (up to 63 nodes, 64 sequences)."),
+    draft_max: Optional[int] = c.DRAFT_MAX,
+    draft_tree: Optional[bool] = c.DRAFT_TREE,
     mlock: bool = typer.Option(False, "--mlock", help="Lock the weights in RAM if the system allows it."),
     threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
     onnx_provider: str = c.ONNX_PROVIDER,
@@ -98,14 +100,16 @@ def plan(
     target = replace(mf.footprint, name=model)
     drafter, suffix, notes, drafter_path = _drafter_for(draft, draft_model, target, mf.gguf, store)
     onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
-    kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, mlock=mlock, kv_type=kv_type,
+    from edgespec.memory.budget import tree_request
+
+    kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=tree_request(draft, draft_tree), mlock=mlock, kv_type=kv_type,
               threads=threads, external_drafter=onnx_fp)
     m = planner.machine()
     p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
     if draft == "auto" and drafter is not None and p.drafter_placement != "none":
         from edgespec.memory.budget import auto_skips_drafter
 
-        why = auto_skips_drafter(p, str(path), str(drafter_path), store, draft_max, draft_tree)
+        why = auto_skips_drafter(p, str(path), str(drafter_path), store, p.draft_max, p.draft_tree)
         if why:
             notes.append(why)
             drafter = None
@@ -136,7 +140,8 @@ def _placements(target, drafter, ram, vram, ctx, m: planner.MachineInfo, kw) -> 
             continue
         out[name] = {"available": True, "n_gpu_layers": q.n_gpu_layers, "drafter": q.drafter_placement,
                      "ram_bytes": q.ram_bytes, "vram_bytes": q.vram_bytes, "kv_type": q.kv_type,
-                     "n_ctx": q.n_ctx, "weights": q.weights_mode}
+                     "n_ctx": q.n_ctx, "weights": q.weights_mode, "draft_max": q.draft_max,
+                     "draft_tree": q.draft_tree}
     return out
 
 
@@ -153,7 +158,8 @@ def _print_placements(others: dict[str, dict], chosen: str) -> None:
             t.add_row(mark, "-", "-", "-", "-", "needs a GPU (below)" if o["why"] in no_gpu else o["why"])
             continue
         t.add_row(mark, str(o["n_gpu_layers"]), o["drafter"], fb(o["ram_bytes"]), fb(o["vram_bytes"]),
-                  f"{o['kv_type']} cache, context {o['n_ctx']}, {o['weights']} weights")
+                  f"{o['kv_type']} cache, context {o['n_ctx']}, {o['weights']} weights, drafts up to "
+                  f"{o['draft_max']}" + (", trees" if o["draft_tree"] else ""))
     out.print(t)
     for why in sorted(no_gpu):
         out.print(f"[yellow]note:[/yellow] {why}")

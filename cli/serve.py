@@ -31,8 +31,8 @@ def _ram_budget(value: Optional[str]) -> Optional[int]:
 def serve(
     model: str = c.MODEL,
     draft: str = c.DRAFT,
-    draft_max: int = c.DRAFT_MAX,
-    draft_tree: bool = c.DRAFT_TREE,
+    draft_max: Optional[int] = c.DRAFT_MAX,
+    draft_tree: Optional[bool] = c.DRAFT_TREE,
     draft_model: Optional[str] = c.DRAFT_MODEL,
     onnx_provider: str = c.ONNX_PROVIDER,
     onnx_bits: str = c.ONNX_BITS,

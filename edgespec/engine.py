@@ -30,6 +30,7 @@ from edgespec.decode.request import GenerationRequest, make_request
 from edgespec.decode.sequence import KVSequence
 from edgespec.files.store import ModelStore
 from edgespec.llama.kernels import default_flash_attn
+from edgespec.memory import placements
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,10 @@ class EngineConfig:
     # edgespec.drafters (none | suffix | model | hybrid | auto) or a drafter model name/path.
     draft: str | None = None
     draft_model: str | None = None
-    draft_max: int = 32
-    draft_tree: bool = False
+    # The draft shape (edgespec.memory.placements.DraftShape); None: the planned placement's
+    # default (63-token drafts and greedy trees where the drafter runs on a GPU), else 32 and chains.
+    draft_max: int | None = None
+    draft_tree: bool | None = None
     # Greedy: verified positions whose top-2 logit gap is below this are re-decoded alone
     # (edgespec.spec.step.SpeculativeStep); 0 decides every position from the batch.
     recheck_gap: float = 0.0
@@ -79,7 +82,8 @@ class EngineConfig:
     onnx_bits: str = "exact"
 
     def __post_init__(self) -> None:
-        if isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int) or not 1 <= self.draft_max <= 64:
+        if self.draft_max is not None and (isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int)
+                                           or not 1 <= self.draft_max <= 64):
             raise InvalidRequest(f"draft_max must be in [1, 64], got {self.draft_max}")
         if isinstance(self.n_ctx, bool) or not isinstance(self.n_ctx, int) or self.n_ctx < 16:
             raise InvalidRequest(f"n_ctx must be an integer >= 16, got {self.n_ctx!r}")
@@ -94,9 +98,7 @@ class EngineConfig:
         if self.vram_budget is not None and self.vram_budget < 0:
             raise InvalidRequest(f"vram_budget must be >= 0, got {self.vram_budget}")
         if self.placement is not None:
-            from edgespec.memory.placements import mode
-
-            mode(self.placement)
+            placements.mode(self.placement)
         if self.max_queue is not None and (isinstance(self.max_queue, bool)
                                            or not isinstance(self.max_queue, int) or self.max_queue < 0):
             raise InvalidRequest(f"max_queue must be a non-negative integer, got {self.max_queue!r}")
@@ -109,11 +111,6 @@ class EngineConfig:
         """Whether the planner places the load (a budget or a placement is given)."""
         return self.ram_budget is not None or self.vram_budget is not None or self.placement is not None
 
-    @property
-    def n_seq(self) -> int:
-        """Sequences of the target context: one per root-to-leaf path of a draft, plus the main."""
-        return self.n_seq_max or 1 + (self.draft_max if self.draft is not None else 0)
-
 
 class Engine:
     """A target model ready to generate. Use as a context manager or call ``close()``."""
@@ -122,7 +119,6 @@ class Engine:
         self.config = config
         self.store = store or ModelStore()
         path = self.store.resolve(config.model)
-        n_seq = config.n_seq
         self.placement = None
         self.releaser = None
         if config.planned:
@@ -131,12 +127,17 @@ class Engine:
 
             self.placement = placement(str(path), self.store, config.ram_budget, config.n_ctx, config.draft,
                                        config.draft_model, config.draft_max, config.draft_tree,
-                                       config.n_threads, n_seq, config.vram_budget, config.placement,
-                                       config.onnx_provider, config.onnx_bits)
+                                       config.n_threads, config.n_seq_max or 1, config.vram_budget,
+                                       config.placement, config.onnx_provider, config.onnx_bits)
             model_params, ctx_params = self.placement.model_params, self.placement.context_params
+            plan = self.placement.plan
+            self.draft_shape = placements.DraftShape(plan.draft_max, plan.draft_tree)
         else:
+            self.draft_shape = placements.draft_shape("cpu", config.draft_max, config.draft_tree)
             model_params = ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=config.use_mmap,
                                        use_mlock=config.use_mlock)
+            # one sequence per root-to-leaf path of a draft, plus the main one
+            n_seq = config.n_seq_max or 1 + (self.draft_shape.draft_max if config.draft is not None else 0)
             ctx_params = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq,
                                        flash_attn=_flash_attn(config))
         self.model = LlamaModel(path, model_params)
@@ -163,21 +164,20 @@ class Engine:
         from edgespec.spec.step import SpeculativeStep
 
         p = self.placement
-        draft_cfg = DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=config.draft_tree,
-                                n_ctx=self.ctx.n_ctx, n_threads=config.n_threads, draft_max=config.draft_max,
+        shape = self.draft_shape
+        draft_cfg = DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=shape.tree,
+                                n_ctx=self.ctx.n_ctx, n_threads=config.n_threads, draft_max=shape.draft_max,
                                 onnx_provider=config.onnx_provider, onnx_bits=config.onnx_bits)
         if p is not None:
             draft_cfg = replace(p.drafter_config(draft_cfg), kind=p.draft)
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
-        self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, config.draft_max, config.recheck_gap,
+        self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, shape.draft_max, config.recheck_gap,
                                                                      overlap=self.overlap))
 
     @property
     def overlap(self) -> bool:
         """Whether speculative steps draft ahead during verification: asked for, or the
         placement is `overlap` (edgespec.memory.placements)."""
-        from edgespec.memory import placements
-
         p = self.placement
         return self.config.overlap or (p is not None and placements.MODES[p.plan.placement].overlap)
 

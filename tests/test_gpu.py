@@ -59,14 +59,20 @@ def _answers(engine: Engine, decoder: Decoder) -> list[tuple[list[int], tuple[in
 
 @skip_without_gpu
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("draft", ["model", "suffix", "auto", "auto-tree"])
+@pytest.mark.parametrize("draft", ["model", "suffix", "auto", "auto-tree", "auto-default"])
 def test_speculation_equals_plain_in_every_placement(mode, draft):
-    tree = draft == "auto-tree"
-    draft = draft.removesuffix("-tree")
+    """auto-default: the placement's draft shape (placements.draft_shape), trees of 63 nodes
+    where it allows them; the others 8-token drafts (auto-tree: 7-node trees)."""
+    default = draft == "auto-default"
+    shape = (None, None) if default else (8, draft == "auto-tree")
+    draft = draft.split("-")[0]
     cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode], n_threads=8,
-                       draft=draft, draft_model=str(DRAFTER), draft_max=8, draft_tree=tree)
+                       draft=draft, draft_model=str(DRAFTER), draft_max=shape[0], draft_tree=shape[1])
     with Engine(cfg) as engine:
         assert engine.placement.plan.placement == mode
+        tree = engine.draft_shape.tree
+        if default:
+            assert engine.draft_shape == placements.draft_shape(mode, None, None)
         if draft == "model":
             # Random weights are never confident enough to draft: draft anyway, so drafting,
             # verification and rollback all run on the GPU.
@@ -80,8 +86,9 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
             engine.drafter.model_acceptance = DepthAcceptance(prior=1.0)
             cal = engine.drafter.confidence
             cal.num[:] = cal.den[:] = 1e6
-            if tree:  # ... and draft a best-first tree of 7 nodes at every step
-                engine.drafter._tree_choice = lambda budget: (7, float("inf"))
+            if tree:  # ... and draft a best-first tree at every step (7 nodes, or the largest)
+                size = 63 if default else 7
+                engine.drafter._tree_choice = lambda budget: (size, float("inf"))
         # The same engine with speculation off: a plain engine of the same placement would
         # hold a different number of target layers on the GPU (no drafter beside them), and
         # different kernels move the clone's near-flat logits (an offload run parted there
@@ -103,13 +110,16 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
 
 @skip_without_gpu
 @pytest.mark.parametrize("mode", ["gpu", "offload", "draft-gpu"])
-def test_planned_vram_matches_what_cuda_allocates(mode):
-    """The plan's GPU buffers (weights, KV cache, compute) within 10% of llama.cpp's report."""
+@pytest.mark.parametrize("shape", ["chains of 8", "default"])
+def test_planned_vram_matches_what_cuda_allocates(mode, shape):
+    """The plan's GPU buffers (weights, KV cache, compute) within 10% of llama.cpp's report,
+    with short chains and with the placement's default shape (63-token drafts, trees)."""
     from edgespec.llama.probe import capture_llama_log, reported_buffers
     from edgespec.memory.planner import GPU_RUNTIME_BYTES
 
-    cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode],
-                       draft="model", draft_model=str(DRAFTER), draft_max=8, n_threads=8)
+    draft_max, tree = (8, False) if shape != "default" else (None, True)
+    cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode], draft="model",
+                       draft_model=str(DRAFTER), draft_max=draft_max, draft_tree=tree, n_threads=8)
     with capture_llama_log() as cap:
         with Engine(cfg) as engine:
             plan = engine.placement.plan

@@ -47,6 +47,28 @@ def test_vram_decides_the_mode(pair):
     assert [d.name for d in split.decisions][:4] == ["ram_budget", "vram_budget", "placement", "n_gpu_layers"]
 
 
+def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair):
+    """placements.draft_shape: the GPU placements draft up to 63 tokens and may draft trees,
+    the cpu placement 32-token chains; what is asked is kept; and a longer shape that would
+    cost the plan anything else (here the drafter model, under a tight RAM budget) is not taken."""
+    for vram, name in ((16 * GiB, "gpu"), (1500 * MiB, "offload"), (800 * MiB, "draft-gpu"), (0, "cpu")):
+        p = _plan(pair, vram)
+        want = placements.TREES if name != "cpu" else placements.CHAINS
+        assert (p.placement, p.draft_max, p.draft_tree, p.n_seq_max) == (name, want.draft_max, want.tree,
+                                                                         1 + want.draft_max)
+        assert f"up to {want.draft_max} tokens" in next(d.value for d in p.decisions if d.name == "drafts")
+    assert (_plan(pair, 16 * GiB, placement="overlap").draft_max, placements.MODES["overlap"].long_drafts) == (32, False)
+    asked = _plan(pair, 1500 * MiB, draft_max=16, draft_tree=False)
+    assert (asked.placement, asked.draft_max, asked.draft_tree) == ("offload", 16, False)
+    t, d = pair
+    tight = planner.make_plan(t, d, 500 * MiB, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB))
+    trees = planner.make_plan(t, d, 500 * MiB, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB),
+                              draft_max=63, draft_tree=True)
+    assert (tight.placement, tight.drafter_placement, tight.draft_max, tight.draft_tree) == ("gpu", "gpu", 32, False)
+    assert trees.drafter_placement == "none"  # 64 sequences and rows of logits leave no room for it
+    assert "would cost the drafter model" in next(d.why for d in tight.decisions if d.name == "drafts")
+
+
 def test_forced_modes_place_as_named(pair):
     t, _ = pair
     for name in placements.NAMES:
@@ -127,6 +149,7 @@ def test_engine_and_bench_build_the_drafter_where_the_plan_put_it(model_path, st
 
     class _PlannedEngine:  # what _Runners reads of an engine
         placement = p
+        draft_shape = placements.DraftShape(p.plan.draft_max, p.plan.draft_tree)
         ctx = type("Ctx", (), {"n_ctx": 1024})()
     assert _Runners(_PlannedEngine(), BenchSettings())._draft_config("model").model_params == p.draft_model_params
 

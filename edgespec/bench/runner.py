@@ -63,7 +63,8 @@ class BenchSettings:
     seed: int = 0
     n_ctx: int = 4096
     threads: int | None = None
-    draft_max: int = 32
+    draft_max: int | None = None  # None: the placement's (EngineConfig.draft_max)
+    draft_tree: bool | None = None  # ... and whether auto may draft trees
     recheck_gap: float = 0.0  # greedy near-tie re-checks of the X+recheck configurations (SpeculativeStep)
     repeats: int = 1
     ram_budget: int | None = None
@@ -131,8 +132,10 @@ class _Runners:
         return self._model_drafter
 
     def _draft_config(self, kind: str) -> DraftConfig:
+        shape = self.engine.draft_shape
         cfg = DraftConfig(kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
-                          n_threads=self.settings.threads, draft_max=self.settings.draft_max,
+                          n_threads=self.settings.threads, draft_max=shape.draft_max,
+                          tree=shape.tree and kind == "auto",  # model-tree is its own configuration
                           onnx_provider=self.settings.onnx_provider,
                           onnx_bits=self.settings.onnx_bits)
         p = self.engine.placement
@@ -145,11 +148,12 @@ class _Runners:
         base = base_config(config)
         kind = "model" if base == "model-tree" else base
         wants_model = base in MODEL_CONFIGS or (kind == "auto" and self._draft_config(kind).allow_model)
-        shared = self.model_drafter(tree=base == "model-tree") if wants_model else None
+        tree = base == "model-tree" or (kind == "auto" and self.engine.draft_shape.tree)
+        shared = self.model_drafter(tree=tree) if wants_model else None
         drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
                                target_ctx=self.engine.ctx, shared_model=shared)
         gap = self.settings.recheck_gap if config.endswith(RECHECK) else 0.0
-        return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.settings.draft_max, gap,
+        return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.engine.draft_shape.draft_max, gap,
                                                                             overlap=self.engine.overlap))
 
     def close(self) -> None:
@@ -184,11 +188,15 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     # A budget is planned for the target with the suffix drafter; configurations that add a
     # drafter model do so on top of it (auto only when the plan leaves room for one).
     planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None
+    # (unplanned, the engine is built without a drafter: it must still hold the drafts' sequences)
+    shape = placements.draft_shape("cpu", settings.draft_max, settings.draft_tree)
     engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
-                                 n_seq_max=settings.draft_max + 1, ram_budget=settings.ram_budget,
+                                 draft_max=settings.draft_max, draft_tree=settings.draft_tree,
+                                 n_seq_max=1 if planned else 1 + shape.draft_max, ram_budget=settings.ram_budget,
                                  vram_budget=settings.vram_budget, placement=settings.placement,
                                  draft=_planned_draft(configs) if planned else None))
-    runners = _Runners(engine, settings, trees=any(base_config(c) == "model-tree" for c in configs))
+    runners = _Runners(engine, settings, trees=engine.draft_shape.tree
+                       or any(base_config(c) == "model-tree" for c in configs))
     result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs))
     by_id = {p.id: p for p in prompts}
     turns = {p.id: p.n_turns for p in prompts} if settings.turns == "all" else None

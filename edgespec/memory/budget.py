@@ -83,18 +83,26 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
     return estimate_onnx_drafter(fp, onnx_dir_for(store, path, bits), bits, used_provider(provider))
 
 
+def tree_request(draft: str | None, tree: bool | None) -> bool | None:
+    """``tree`` as the planner should take it: the placement's default (None) only for `auto`,
+    which prices a tree against a chain at every step; other drafters draft trees when asked."""
+    return tree if draft == "auto" else bool(tree)
+
+
 def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,
-              draft_model: str | None, draft_max: int, draft_tree: bool, threads: int | None,
+              draft_model: str | None, draft_max: int | None, draft_tree: bool | None, threads: int | None,
               n_seq_max: int, vram_budget: int | None = None, mode: str | None = None,
               onnx_provider: str = "cpu", onnx_bits: str = "exact") -> Placement:
     """Plans the load within the budgets (None: what the machine has free, minus a margin) and,
     when ``mode`` is given, in that placement; raises BudgetExceeded when nothing fits and
-    PlacementUnavailable when the mode needs a GPU this build lacks."""
+    PlacementUnavailable when the mode needs a GPU this build lacks. ``draft_max`` and
+    ``draft_tree`` None: the placement's default (the plan's ``draft_max``/``draft_tree``)."""
     target = model_file(target_path)
     kind = kind_of(draft) if draft is not None else None
     dpath = _optional_drafter(draft, draft_model, target.fingerprint, store) if kind else None
     drafter_fp = model_file(dpath).footprint if dpath else None
     uses_suffix = kind is not None and kind.suffix
+    draft_tree = tree_request(draft, draft_tree)
     onnx_fp = (onnx_drafter_footprint(draft_model, target.fingerprint, store, onnx_provider, onnx_bits)
                if kind is not None and kind.onnx_model else None)
 
@@ -107,7 +115,7 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
     plan = plan_with(drafter_fp)
     notes = []
     if kind is not None and kind.name == "auto" and drafter_fp is not None and plan.drafter_placement != "none":
-        why = auto_skips_drafter(plan, target_path, str(dpath), store, draft_max, draft_tree)
+        why = auto_skips_drafter(plan, target_path, str(dpath), store, plan.draft_max, plan.draft_tree)
         if why:  # calibration says it cannot pay here: plan (and load) without it
             notes.append(why)
             dpath = drafter_fp = None

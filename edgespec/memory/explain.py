@@ -40,14 +40,15 @@ class _Context:
 
 def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprint,
                drafter: ModelFootprint | None, m: MachineInfo, ram_given: bool, vram_given: bool,
-               n_ctx: int | None, mlock: bool, threads: int | None, forced: str | None = None) -> Plan:
+               n_ctx: int | None, mlock: bool, threads: int | None, forced: str | None = None,
+               shape: placements.DraftShape = placements.CHAINS, given_way: str | None = None) -> Plan:
     c = _Context(pl, e, evals, target, drafter, m)
     cfg, tc = e.cfg, e.target_ctx
     use_mlock, mlock_decision = _mlock(c, mlock)
     n_thr = threads or default_threads(m)
     no_host, op_offload = placements.target_flags(e.ngl, m.gpu_offload)
     decisions = (_budgets(c, ram_given, vram_given) + [_placement(c, forced), _gpu_layers(c, vram_given)] + _weights(c)
-                 + [mlock_decision] + _context(c, n_ctx) + _drafters(c) + [_threads(c, threads, n_thr)])
+                 + [mlock_decision] + _context(c, n_ctx) + _drafters(c) + [_drafts(c, shape, given_way), _threads(c, threads, n_thr)])
     return Plan(
         target=target.name, drafter=drafter.name if drafter is not None and cfg.drafter != "none" else None,
         n_ctx=cfg.n_ctx, n_ctx_train=target.n_ctx_train, n_batch=tc.n_batch, n_ubatch=tc.n_ubatch,
@@ -57,6 +58,7 @@ def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprin
         placement=cfg.placement, no_host=no_host, op_offload=op_offload,
         drafter_n_gpu_layers=e.drafter_ngl, drafter_use_mmap=e.drafter_mmap,
         suffix_drafter=bool(cfg.suffix_cap), suffix_cap_tokens=cfg.suffix_cap,
+        draft_max=shape.draft_max, draft_tree=shape.tree,
         threads=n_thr, threads_batch=n_thr, ram_budget=pl.ram_budget, vram_budget=pl.vram_budget,
         ram_bytes=e.ram, vram_bytes=e.vram, file_backed_bytes=e.file_bytes, parts=e.parts,
         decisions=decisions, llama_cpp_reports=_reports(e, target), warnings=c.warnings,
@@ -255,6 +257,20 @@ def _drafter_model(c: _Context) -> Decision:
            if not cfg.resident else f"{need} (budget {fmt_bytes(c.pl.ram_budget)})")
     c.warnings.append(f"drafter {name} dropped: it does not fit the budget")
     return Decision("drafter", "none (suffix drafter only)" if cfg.suffix_cap else "none", why)
+
+
+def _drafts(c: _Context, shape: placements.DraftShape, given_way: str | None) -> Decision:
+    value = f"up to {shape.draft_max} tokens" + (", trees (greedy)" if shape.tree else "")
+    mode = placements.MODES[c.e.cfg.placement]
+    if given_way is not None:
+        why = f"the {mode.name} placement's longer drafts ({placements.TREES.draft_max}-node trees) would cost {given_way}"
+    elif shape == placements.draft_shape(mode.name, None, None):
+        why = ("the drafter runs on the GPU: a 63-node tree search is cheap and 64 rows verify for about "
+               "what 32 do" if mode.long_drafts else "it drafts chains ahead during verification" if mode.overlap
+               else "drafter and target on the CPU, where 64 rows cost ~20 one-row steps (benchmarks/RESULTS.md)")
+    else:
+        why = "as asked (--draft-max, --draft-tree); the placement's default for what was not"
+    return Decision("drafts", value, why)
 
 
 def _threads(c: _Context, threads: int | None, n_thr: int) -> Decision:

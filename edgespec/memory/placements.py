@@ -35,6 +35,16 @@ class PlacementMode:
     def needs_gpu(self) -> bool:
         return self.target != "cpu" or self.drafter == "gpu"
 
+    @property
+    def long_drafts(self) -> bool:
+        """Whether drafts default to TREES here: the drafter on a GPU searches a 63-node tree in
+        a fraction of a target step, and verifying 64 rows costs a GPU-resident or op-offloaded
+        target about what 32 do. Replayed on 16 held-out code edits (7B shape, H100 curves,
+        benchmarks/RESULTS-gpu.md section 12), `auto` with TREES against CHAINS: `gpu`
+        5.29x / 4.79x, `offload` 5.15x / 4.43x, `draft-gpu` 4.12x / 4.00x; the same trees with
+        drafts capped at 32 gain nothing (4.79x, 4.03x, 3.89x). `overlap` drafts chains ahead."""
+        return self.drafter == "gpu" and not self.overlap
+
 
 MODES = {m.name: m for m in (
     PlacementMode("gpu", "gpu", "gpu", "target and drafter on the GPU (ordinary speculation)"),
@@ -49,6 +59,27 @@ MODES = {m.name: m for m in (
     PlacementMode("cpu", "cpu", "cpu", "target and drafter on the CPU"),
 )}
 NAMES = tuple(MODES)
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """How many tokens a step may draft, and whether a greedy model drafter may draft
+    best-first trees (edgespec.drafters.auto.policy.TreeSizes) instead of chains."""
+
+    draft_max: int
+    tree: bool
+
+
+CHAINS = DraftShape(32, False)
+TREES = DraftShape(63, True)  # the largest tree: 63 nodes, a 64-row verification
+
+
+def draft_shape(name: str, draft_max: int | None, tree: bool | None) -> DraftShape:
+    """What was asked, and the placement's default (TREES where ``long_drafts``, else CHAINS)
+    for what was not (None)."""
+    default = TREES if mode(name).long_drafts else CHAINS
+    return DraftShape(default.draft_max if draft_max is None else draft_max,
+                      default.tree if tree is None else tree)
 
 
 class PlacementUnavailable(InvalidRequest):

@@ -120,6 +120,8 @@ class Plan:
     drafter_use_mmap: bool
     suffix_drafter: bool
     suffix_cap_tokens: int
+    draft_max: int                 # most tokens a step drafts (edgespec.memory.placements.DraftShape)
+    draft_tree: bool               # a greedy model drafter may draft best-first trees
     threads: int
     threads_batch: int
     ram_budget: int
@@ -427,7 +429,7 @@ def _describe(cfg: _Cfg, has_drafter: bool) -> str:
 
 def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram_budget: int | None = None,
               vram_budget: int | None = None, n_ctx: int | None = None, *, machine_info: MachineInfo | None = None,
-              suffix: bool = True, draft_max: int = 32, draft_tree: bool = False, mlock: bool = False,
+              suffix: bool = True, draft_max: int | None = None, draft_tree: bool | None = None, mlock: bool = False,
               kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
               repack: bool | None = None, threads: int | None = None, placement: str | None = None,
               external_drafter=None, drafter_required: bool = False) -> Plan:
@@ -439,6 +441,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         n_ctx: context tokens; None: the engine default (4096, at most the trained context),
             halved while it does not fit (down to 512).
         suffix: whether the suffix drafter runs (budgets its index).
+        draft_max, draft_tree: the draft shape; None: the chosen placement's default
+            (edgespec.memory.placements.draft_shape), kept only if it costs the plan nothing else.
         external_drafter: a drafter outside llama.cpp, with ``where`` and ``parts(n_ctx)``
             (edgespec.memory.footprint.OnnxDrafterFootprint), counted in every candidate.
         kv_type, n_ubatch, mmap, repack, placement: force a choice instead of letting the planner
@@ -464,7 +468,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         raise InvalidRequest(f"KV cache type must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_type!r}")
     if n_ubatch is not None and not 1 <= n_ubatch <= ENGINE_N_BATCH:
         raise InvalidRequest(f"n_ubatch must be in [1, {ENGINE_N_BATCH}], got {n_ubatch}")
-    if not 1 <= draft_max <= 64:
+    if draft_max is not None and not 1 <= draft_max <= 64:
         raise InvalidRequest(f"draft_max must be in [1, 64], got {draft_max}")
     ram_given = ram_budget is not None
     vram_given = vram_budget is not None
@@ -475,9 +479,49 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
     if ram_budget <= 0:
         raise BudgetExceeded(f"no RAM budget: {fmt_bytes(m.ram_available)} available, less than the "
                              "safety margin; pass --ram-budget")
-    pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, draft_max, draft_tree, mmap, repack,
-                  external_drafter, drafter_required)
+    def search(shape: placements.DraftShape, where: str | None) -> tuple[_Planner, _Eval, list[_Eval]]:
+        pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, shape.draft_max, shape.tree, mmap,
+                      repack, external_drafter, drafter_required)
+        evals = _candidates(pl, target, drafter, where, kv_type, n_ubatch, mmap, repack, n_ctx)
+        fitting = [e for e in evals if e.fits]
+        if not fitting and where is not None and placements.MODES[where].needs_gpu:
+            _refuse_vram(pl, evals, target, where)
+        if not fitting:
+            msg, smallest = _refusal(pl, evals, target, drafter, n_ctx, _ctx_options(n_ctx, target.n_ctx_train),
+                                     ram_given)
+            err = BudgetExceeded(msg)
+            err.smallest_budget = smallest  # bytes: the least RAM budget any plan at this context fits in
+            raise err
+        return pl, min(fitting, key=lambda e: (e.penalty, e.ram)), evals
 
+    # The placement is chosen with chains (what was asked stays asked); where it drafts longer
+    # by default, it is planned again with that shape and kept if nothing else has to give way.
+    chains = placements.draft_shape("cpu", draft_max, draft_tree)
+    pl, best, evals = search(chains, placement)
+    shape = placements.draft_shape(best.cfg.placement, draft_max, draft_tree)
+    given_way = None
+    if shape != chains:
+        try:
+            longer = search(shape, best.cfg.placement)
+        except BudgetExceeded:
+            given_way = "more memory than the budgets hold"
+        else:
+            given_way = _given_way(best, longer[1])
+            if given_way is None:
+                pl, best, evals = longer
+    if given_way is not None:
+        shape = chains
+    from edgespec.memory.explain import build_plan
+
+    return build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads, placement,
+                      shape, given_way)
+
+
+def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | None, where: str | None,
+                kv_type: str | None, n_ubatch: int | None, mmap: bool | None, repack: bool | None,
+                n_ctx: int | None) -> list[_Eval]:
+    """Every candidate configuration, evaluated (fitting or not)."""
+    m = pl.m
     can_repack = target.repack_bytes(m.cpu_features) > 0 or (
         drafter is not None and drafter.repack_bytes(m.cpu_features) > 0)
     repack_opts = [repack] if repack is not None else ([True, False] if can_repack else [False])
@@ -485,29 +529,31 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
     kv_opts = [kv_type] if kv_type else list(KV_CACHE_TYPES)
     ub_opts = [n_ubatch] if n_ubatch else list(UBATCH_CHOICES)
     ctx_opts = _ctx_options(n_ctx, target.n_ctx_train)
-    suffix_opts = list(SUFFIX_CAPS) if suffix else [0]
-
+    suffix_opts = list(SUFFIX_CAPS) if pl.suffix else [0]
     evals: list[_Eval] = []
-    for resident, rp, kv, ub, ctx, (where, dr), sc in product(resident_opts, repack_opts, kv_opts, ub_opts,
-                                                              ctx_opts, _layouts(pl, placement), suffix_opts):
-        if not resident and (rp or dr != "none" or where != "cpu"):
+    for resident, rp, kv, ub, ctx, (where_, dr), sc in product(resident_opts, repack_opts, kv_opts, ub_opts,
+                                                               ctx_opts, _layouts(pl, where), suffix_opts):
+        if not resident and (rp or dr != "none" or where_ != "cpu"):
             continue  # file-backed weights: on the CPU, no repacked copy, no drafter model
-        cfg = _Cfg(resident, rp, kv, ub, ctx, dr, sc, where)
+        cfg = _Cfg(resident, rp, kv, ub, ctx, dr, sc, where_)
         e = pl.evaluate(cfg)
         e.penalty += RANKING["ctx_halving"].cost * ctx_opts.index(ctx)
         evals.append(e)
-    fitting = [e for e in evals if e.fits]
-    if not fitting and placement is not None and placements.MODES[placement].needs_gpu:
-        _refuse_vram(pl, evals, target, placement)
-    if not fitting:
-        msg, smallest = _refusal(pl, evals, target, drafter, n_ctx, ctx_opts, ram_given)
-        err = BudgetExceeded(msg)
-        err.smallest_budget = smallest  # bytes: the least RAM budget any plan at this context fits in
-        raise err
-    best = min(fitting, key=lambda e: (e.penalty, e.ram))
-    from edgespec.memory.explain import build_plan
+    return evals
 
-    return build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads, placement)
+
+def _given_way(chains: _Eval, longer: _Eval) -> str | None:
+    """What the longer drafts' plan gives up against the chains' (None: nothing that matters)."""
+    if longer.ngl < chains.ngl:
+        return f"{chains.ngl - longer.ngl} fewer target layers on the GPU"
+    if longer.cfg.drafter != chains.cfg.drafter:
+        return "the drafter model" if longer.cfg.drafter == "none" else \
+            f"the drafter model on the {longer.cfg.drafter.upper()} instead of the {chains.cfg.drafter.upper()}"
+    if longer.cfg.n_ctx < chains.cfg.n_ctx:
+        return f"a {longer.cfg.n_ctx}-token context instead of {chains.cfg.n_ctx}"
+    if longer.cfg.kv_type != chains.cfg.kv_type:
+        return f"a {longer.cfg.kv_type} KV cache instead of {chains.cfg.kv_type}"
+    return None
 
 
 def _refuse_vram(pl: _Planner, evals: list[_Eval], target: ModelFootprint, placement: str) -> None:
