@@ -47,26 +47,47 @@ def test_vram_decides_the_mode(pair):
     assert [d.name for d in split.decisions][:4] == ["ram_budget", "vram_budget", "placement", "n_gpu_layers"]
 
 
-def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair):
+@pytest.fixture(scope="module")
+def pair_7b(model_path, tmp_path_factory, pair):
+    """A 7B-shaped Qwen2.5 target (the 1.5B's header, cloned) beside the real 0.5B drafter: its
+    tensor data a sparse hole, since the planner reads only the header and the file's size."""
+    from edgespec.files.clone import write_clone
+    from test_clone import QWEN_7B
+
+    path = tmp_path_factory.mktemp("clone") / "qwen7b.gguf"
+    result = write_clone(model_path(TARGET), path, QWEN_7B, header_only=True)
+    with open(path, "r+b") as f:
+        f.truncate(result.file_size + result.data_bytes)
+    return planner.estimate_model(path, name="qwen7b"), pair[1]
+
+
+def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7b):
     """placements.draft_shape: the GPU placements draft up to 63 tokens and may draft trees,
-    the cpu placement 32-token chains; what is asked is kept; and a longer shape that would
-    cost the plan anything else (here the drafter model, under a tight RAM budget) is not taken."""
-    for vram, name in ((16 * GiB, "gpu"), (1500 * MiB, "offload"), (800 * MiB, "draft-gpu"), (0, "cpu")):
+    the cpu placement 32-token chains; what is asked is kept; the longer shape may cost one
+    target layer (a 7B offloaded with a third of its weights in VRAM) and nothing else."""
+    for vram, name in ((16 * GiB, "gpu"), (900 * MiB, "draft-gpu"), (0, "cpu")):
         p = _plan(pair, vram)
         want = placements.TREES if name != "cpu" else placements.CHAINS
         assert (p.placement, p.draft_max, p.draft_tree, p.n_seq_max) == (name, want.draft_max, want.tree,
                                                                          1 + want.draft_max)
         assert f"up to {want.draft_max} tokens" in next(d.value for d in p.decisions if d.name == "drafts")
     assert (_plan(pair, 16 * GiB, placement="overlap").draft_max, placements.MODES["overlap"].long_drafts) == (32, False)
-    asked = _plan(pair, 1500 * MiB, draft_max=16, draft_tree=False)
-    assert (asked.placement, asked.draft_max, asked.draft_tree) == ("offload", 16, False)
-    t, d = pair
-    tight = planner.make_plan(t, d, 500 * MiB, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB))
-    trees = planner.make_plan(t, d, 500 * MiB, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB),
-                              draft_max=63, draft_tree=True)
+    asked = _plan(pair, 16 * GiB, draft_max=16, draft_tree=False)
+    assert (asked.placement, asked.draft_max, asked.draft_tree) == ("gpu", 16, False)
+
+    t, d = pair_7b
+    third = t.file_size // 3 + 256 * MiB
+    kw = dict(machine_info=gpu_machine(80 * GiB))
+    trees = planner.make_plan(t, d, 32 * GiB, third, 4096, **kw)
+    chains = planner.make_plan(t, d, 32 * GiB, third, 4096, draft_max=32, draft_tree=False, **kw)
+    assert (trees.placement, trees.drafter_placement, trees.draft_max, trees.draft_tree) == ("offload", "gpu", 63, True)
+    assert (chains.placement, chains.drafter_placement, chains.n_gpu_layers) == ("offload", "gpu", trees.n_gpu_layers + 1)
+    assert "one target layer fewer" in next(x.why for x in trees.decisions if x.name == "drafts")
+
+    # Under a tight RAM budget the longer shape would cost the drafter model: chains stay.
+    tight = planner.make_plan(*pair, 500 * MiB, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB))
     assert (tight.placement, tight.drafter_placement, tight.draft_max, tight.draft_tree) == ("gpu", "gpu", 32, False)
-    assert trees.drafter_placement == "none"  # 64 sequences and rows of logits leave no room for it
-    assert "would cost the drafter model" in next(d.why for d in tight.decisions if d.name == "drafts")
+    assert "would cost the drafter model" in next(x.why for x in tight.decisions if x.name == "drafts")
 
 
 def test_forced_modes_place_as_named(pair):

@@ -41,14 +41,15 @@ class _Context:
 def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprint,
                drafter: ModelFootprint | None, m: MachineInfo, ram_given: bool, vram_given: bool,
                n_ctx: int | None, mlock: bool, threads: int | None, forced: str | None = None,
-               shape: placements.DraftShape = placements.CHAINS, given_way: str | None = None) -> Plan:
+               shape: placements.DraftShape = placements.CHAINS, given_way: str | None = None,
+               traded: str | None = None) -> Plan:
     c = _Context(pl, e, evals, target, drafter, m)
     cfg, tc = e.cfg, e.target_ctx
     use_mlock, mlock_decision = _mlock(c, mlock)
     n_thr = threads or default_threads(m)
     no_host, op_offload = placements.target_flags(e.ngl, m.gpu_offload)
     decisions = (_budgets(c, ram_given, vram_given) + [_placement(c, forced), _gpu_layers(c, vram_given)] + _weights(c)
-                 + [mlock_decision] + _context(c, n_ctx) + _drafters(c) + [_drafts(c, shape, given_way), _threads(c, threads, n_thr)])
+                 + [mlock_decision] + _context(c, n_ctx) + _drafters(c) + [_drafts(c, shape, given_way, traded), _threads(c, threads, n_thr)])
     return Plan(
         target=target.name, drafter=drafter.name if drafter is not None and cfg.drafter != "none" else None,
         n_ctx=cfg.n_ctx, n_ctx_train=target.n_ctx_train, n_batch=tc.n_batch, n_ubatch=tc.n_ubatch,
@@ -259,7 +260,8 @@ def _drafter_model(c: _Context) -> Decision:
     return Decision("drafter", "none (suffix drafter only)" if cfg.suffix_cap else "none", why)
 
 
-def _drafts(c: _Context, shape: placements.DraftShape, given_way: str | None) -> Decision:
+def _drafts(c: _Context, shape: placements.DraftShape, given_way: str | None, traded: str | None) -> Decision:
+    """The draft shape: the placement's default (placements.draft_shape), what it cost, or why not."""
     value = f"up to {shape.draft_max} tokens" + (", trees (greedy)" if shape.tree else "")
     mode = placements.MODES[c.e.cfg.placement]
     if given_way is not None:
@@ -270,7 +272,7 @@ def _drafts(c: _Context, shape: placements.DraftShape, given_way: str | None) ->
                else "drafter and target on the CPU, where 64 rows cost ~20 one-row steps (benchmarks/RESULTS.md)")
     else:
         why = "as asked (--draft-max, --draft-tree); the placement's default for what was not"
-    return Decision("drafts", value, why)
+    return Decision("drafts", value, why + (f"; at the cost of {traded}" if traded else ""))
 
 
 def _threads(c: _Context, threads: int | None, n_thr: int) -> Decision:

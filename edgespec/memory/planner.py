@@ -495,11 +495,11 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         return pl, min(fitting, key=lambda e: (e.penalty, e.ram)), evals
 
     # The placement is chosen with chains (what was asked stays asked); where it drafts longer
-    # by default, it is planned again with that shape and kept if nothing else has to give way.
+    # by default, it is planned again with that shape and kept unless something else gives way.
     chains = placements.draft_shape("cpu", draft_max, draft_tree)
     pl, best, evals = search(chains, placement)
     shape = placements.draft_shape(best.cfg.placement, draft_max, draft_tree)
-    given_way = None
+    given_way = traded = None
     if shape != chains:
         try:
             longer = search(shape, best.cfg.placement)
@@ -508,13 +508,14 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         else:
             given_way = _given_way(best, longer[1])
             if given_way is None:
+                traded = "one target layer fewer on the GPU than chains" if longer[1].ngl < best.ngl else None
                 pl, best, evals = longer
     if given_way is not None:
         shape = chains
     from edgespec.memory.explain import build_plan
 
     return build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads, placement,
-                      shape, given_way)
+                      shape, given_way, traded)
 
 
 def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | None, where: str | None,
@@ -543,8 +544,13 @@ def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | 
 
 
 def _given_way(chains: _Eval, longer: _Eval) -> str | None:
-    """What the longer drafts' plan gives up against the chains' (None: nothing that matters)."""
-    if longer.ngl < chains.ngl:
+    """What the longer drafts' plan gives up against the chains' (None: nothing that matters).
+
+    One target layer may go: a tree search's drafter context reserves a graph of one token per
+    sequence (256), 150 MiB of VRAM for the 0.5B drafter, about one layer of a 7B. A layer of 29
+    is ~4% of a partly offloaded step, and the trees' replayed gain there is 16-30%
+    (benchmarks/RESULTS-gpu.md section 12)."""
+    if longer.ngl < chains.ngl - 1:
         return f"{chains.ngl - longer.ngl} fewer target layers on the GPU"
     if longer.cfg.drafter != chains.cfg.drafter:
         return "the drafter model" if longer.cfg.drafter == "none" else \
