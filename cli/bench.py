@@ -101,7 +101,8 @@ def bench(
     items = select(load_suite(suite) if suite else load_prompts(prompts), limit, split)
     settings = BenchSettings(model=model, draft_model=draft_model, max_tokens=max_tokens,
                              temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
-                             draft_max=draft_max, draft_tree=draft_tree, repeats=repeat, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
+                             draft_max=draft_max, draft_tree=draft_tree, repeats=repeat,
+                             ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
                              share_prefill=share_prefill, recheck_gap=recheck_gap,
                              onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement, turns=turns,
                              vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None)

@@ -100,10 +100,8 @@ def plan(
     target = replace(mf.footprint, name=model)
     drafter, suffix, notes, drafter_path = _drafter_for(draft, draft_model, target, mf.gguf, store)
     onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
-    from edgespec.memory.budget import tree_request
-
-    kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=tree_request(draft, draft_tree), mlock=mlock, kv_type=kv_type,
-              threads=threads, external_drafter=onnx_fp)
+    kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, long_drafts=draft == "auto", mlock=mlock,
+              kv_type=kv_type, threads=threads, external_drafter=onnx_fp)
     m = planner.machine()
     p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
     if draft == "auto" and drafter is not None and p.drafter_placement != "none":

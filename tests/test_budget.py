@@ -112,3 +112,8 @@ def test_drafter_model_is_allowed_only_where_the_plan_counted_it(model_path, sto
     assert not placement(target, store, roomy, draft="suffix", **common).model_drafter_allowed
     tight = placement(target, store, 600 << 20, draft="auto", **common)
     assert tight.file_backed and not tight.model_drafter_allowed and tight.draft == "auto"
+    # `model` whose drafter does not fit drafts with the suffix drafter: the target context
+    # still holds a sequence per draft path, though the plan counted no drafting
+    common.update(draft_max=None, draft_tree=None, n_seq_max=1)
+    swapped = placement(target, store, 1400 << 20, draft="model", **common)
+    assert (swapped.draft, swapped.plan.draft_max, swapped.context_params.n_seq_max) == ("suffix", 32, 33)

@@ -13,6 +13,7 @@ import pytest
 
 from edgespec.drafters import KINDS, DraftConfig
 from edgespec.engine import EngineConfig
+from edgespec.memory.placements import CHAINS
 from edgespec.errors import (
     BudgetExceeded,
     InvalidRequest,
@@ -93,7 +94,7 @@ def test_the_engine_passes_the_options_to_the_drafter(monkeypatch):
 
     monkeypatch.setattr(onnx_drafter, "make_onnx_drafter", fake)
     engine = Engine.__new__(Engine)
-    engine.placement, engine.model, engine.store = None, None, None
+    engine.placement, engine.model, engine.store, engine.draft_shape = None, None, None, CHAINS
     engine.ctx = type("Ctx", (), {"n_ctx": 512, "model": None})()
     with pytest.raises(Built):
         engine._init_speculation(EngineConfig(draft="onnx", onnx_provider="openvino", onnx_bits="4"))
@@ -108,6 +109,7 @@ def test_bench_settings_reach_the_draft_config():
     class _Engine:
         placement = None
         ctx = type("Ctx", (), {"n_ctx": 256})()
+        draft_shape = CHAINS
 
     r = _Runners(_Engine(), BenchSettings(onnx_provider="dml", onnx_bits="4"))
     cfg = r._draft_config("onnx")

@@ -71,7 +71,9 @@ def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7
         assert (p.placement, p.draft_max, p.draft_tree, p.n_seq_max) == (name, want.draft_max, want.tree,
                                                                          1 + want.draft_max)
         assert f"up to {want.draft_max} tokens" in next(d.value for d in p.decisions if d.name == "drafts")
-    assert (_plan(pair, 16 * GiB, placement="overlap").draft_max, placements.MODES["overlap"].long_drafts) == (32, False)
+    assert _plan(pair, 16 * GiB, placement="overlap").draft_max == 32
+    assert not placements.MODES["overlap"].long_drafts(True)
+    assert _plan(pair, 16 * GiB, long_drafts=False).draft_max == 32  # kinds other than auto: chains
     asked = _plan(pair, 16 * GiB, draft_max=16, draft_tree=False)
     assert (asked.placement, asked.draft_max, asked.draft_tree) == ("gpu", 16, False)
 
@@ -81,13 +83,16 @@ def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7
     trees = planner.make_plan(t, d, 32 * GiB, third, 4096, **kw)
     chains = planner.make_plan(t, d, 32 * GiB, third, 4096, draft_max=32, draft_tree=False, **kw)
     assert (trees.placement, trees.drafter_placement, trees.draft_max, trees.draft_tree) == ("offload", "gpu", 63, True)
-    assert (chains.placement, chains.drafter_placement, chains.n_gpu_layers) == ("offload", "gpu", trees.n_gpu_layers + 1)
+    assert (chains.placement, chains.drafter_placement) == ("offload", "gpu")
+    assert chains.n_gpu_layers == trees.n_gpu_layers + 1
     assert "one target layer fewer" in next(x.why for x in trees.decisions if x.name == "drafts")
 
     # Under a tight RAM budget the longer shape would cost the drafter model: chains stay.
     tight = planner.make_plan(*pair, 500 * MiB, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB))
     assert (tight.placement, tight.drafter_placement, tight.draft_max, tight.draft_tree) == ("gpu", "gpu", 32, False)
-    assert "would cost the drafter model" in next(x.why for x in tight.decisions if x.name == "drafts")
+    assert "would cost drafter none instead of gpu" in next(x.why for x in tight.decisions if x.name == "drafts")
+    # A CPU target with no drafter model on the GPU verifies 64 rows at ~20 one-row steps: chains.
+    assert placements.draft_shape("draft-gpu", None, None, drafter_on_gpu=False) == placements.CHAINS
 
 
 def test_forced_modes_place_as_named(pair):

@@ -27,6 +27,7 @@ from edgespec.bench.runner import BenchSettings, _prompt_tokens, _share_prefill
 from edgespec.decode.loop import Decoder
 from edgespec.drafters import DraftConfig, default_draft_model, load_model_drafter
 from edgespec.drafters.model import MAX_TREE_NODES
+from edgespec.memory.placements import CHAINS
 from edgespec.engine import Engine, EngineConfig
 
 log = logging.getLogger("record")
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="prompts per category (bench --limit)")
     ap.add_argument("--split", default="tune", help="tune | validate (bench --split)")
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--draft-max", type=int, default=BenchSettings.draft_max)
+    ap.add_argument("--draft-max", type=int, default=CHAINS.draft_max)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--redraft", action="store_true", help="re-record only the drafter's part of --out")

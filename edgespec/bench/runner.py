@@ -30,6 +30,7 @@ from edgespec.bench.prompts import BenchPrompt, conversation
 from edgespec.bench.summary import PLAIN, Record, interleaved_order, summarize
 from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of, make_drafter
 from edgespec.engine import Engine, EngineConfig
+from edgespec.memory import placements
 from edgespec.errors import InvalidRequest
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
@@ -131,11 +132,17 @@ class _Runners:
         self._model_drafter.tree = tree
         return self._model_drafter
 
+    def _shape(self, kind: str) -> placements.DraftShape:
+        """`auto`'s shape is the engine's (the placement's default); the others draft chains of
+        ``--draft-max`` (32 unless given), as `edgespec run --draft KIND` would."""
+        if kind == "auto":
+            return self.engine.draft_shape
+        return placements.draft_shape("cpu", self.settings.draft_max, False)
+
     def _draft_config(self, kind: str) -> DraftConfig:
-        shape = self.engine.draft_shape
+        shape = self._shape(kind)
         cfg = DraftConfig(kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
-                          n_threads=self.settings.threads, draft_max=shape.draft_max,
-                          tree=shape.tree and kind == "auto",  # model-tree is its own configuration
+                          n_threads=self.settings.threads, draft_max=shape.draft_max, tree=shape.tree,
                           onnx_provider=self.settings.onnx_provider,
                           onnx_bits=self.settings.onnx_bits)
         p = self.engine.placement
@@ -148,13 +155,13 @@ class _Runners:
         base = base_config(config)
         kind = "model" if base == "model-tree" else base
         wants_model = base in MODEL_CONFIGS or (kind == "auto" and self._draft_config(kind).allow_model)
-        tree = base == "model-tree" or (kind == "auto" and self.engine.draft_shape.tree)
-        shared = self.model_drafter(tree=tree) if wants_model else None
+        shape = self._shape(kind)
+        shared = self.model_drafter(tree=base == "model-tree" or shape.tree) if wants_model else None
         drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
                                target_ctx=self.engine.ctx, shared_model=shared)
         gap = self.settings.recheck_gap if config.endswith(RECHECK) else 0.0
-        return Decoder(self.engine.model, self.engine.seq, SpeculativeStep(drafter, self.engine.draft_shape.draft_max, gap,
-                                                                            overlap=self.engine.overlap))
+        step = SpeculativeStep(drafter, shape.draft_max, gap, overlap=self.engine.overlap)
+        return Decoder(self.engine.model, self.engine.seq, step)
 
     def close(self) -> None:
         if self._model_drafter is not None:
@@ -189,15 +196,17 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     # drafter model do so on top of it (auto only when the plan leaves room for one).
     planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None
     # (unplanned, the engine is built without a drafter: it must still hold the drafts' sequences)
-    shape = placements.draft_shape("cpu", settings.draft_max, settings.draft_tree)
+    unplanned = placements.draft_shape("cpu", settings.draft_max, settings.draft_tree)
     engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                                  draft_max=settings.draft_max, draft_tree=settings.draft_tree,
-                                 n_seq_max=1 if planned else 1 + shape.draft_max, ram_budget=settings.ram_budget,
+                                 n_seq_max=1 if planned else 1 + unplanned.draft_max, ram_budget=settings.ram_budget,
                                  vram_budget=settings.vram_budget, placement=settings.placement,
                                  draft=_planned_draft(configs) if planned else None))
     runners = _Runners(engine, settings, trees=engine.draft_shape.tree
                        or any(base_config(c) == "model-tree" for c in configs))
-    result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs))
+    shape = engine.draft_shape  # what auto drafted (the others: chains of draft_max, default 32)
+    result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs,
+                                                              draft_max=shape.draft_max, draft_tree=shape.tree))
     by_id = {p.id: p for p in prompts}
     turns = {p.id: p.n_turns for p in prompts} if settings.turns == "all" else None
     order = interleaved_order([p.id for p in prompts], configs, settings.repeats, turns)

@@ -83,12 +83,6 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
     return estimate_onnx_drafter(fp, onnx_dir_for(store, path, bits), bits, used_provider(provider))
 
 
-def tree_request(draft: str | None, tree: bool | None) -> bool | None:
-    """``tree`` as the planner should take it: the placement's default (None) only for `auto`,
-    which prices a tree against a chain at every step; other drafters draft trees when asked."""
-    return tree if draft == "auto" else bool(tree)
-
-
 def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,
               draft_model: str | None, draft_max: int | None, draft_tree: bool | None, threads: int | None,
               n_seq_max: int, vram_budget: int | None = None, mode: str | None = None,
@@ -102,13 +96,13 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
     dpath = _optional_drafter(draft, draft_model, target.fingerprint, store) if kind else None
     drafter_fp = model_file(dpath).footprint if dpath else None
     uses_suffix = kind is not None and kind.suffix
-    draft_tree = tree_request(draft, draft_tree)
     onnx_fp = (onnx_drafter_footprint(draft_model, target.fingerprint, store, onnx_provider, onnx_bits)
                if kind is not None and kind.onnx_model else None)
 
     def plan_with(drafter):
         return planner.make_plan(target.footprint, drafter, ram_budget=ram_budget, vram_budget=vram_budget,
                                  n_ctx=n_ctx, suffix=uses_suffix, draft_max=draft_max, draft_tree=draft_tree,
+                                 long_drafts=draft == "auto",
                                  threads=threads, placement=mode, external_drafter=onnx_fp,
                                  drafter_required=kind is not None and kind.model == "always")
 
@@ -129,7 +123,8 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
                      "placement: using the suffix drafter instead")
     model_params = target_model_params(plan)
     context_params = ContextParams(n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
-                                   n_seq_max=max(plan.n_seq_max, n_seq_max), n_threads=plan.threads,
+                                   n_seq_max=max(plan.n_seq_max, n_seq_max, _sequences(plan, effective)),
+                                   n_threads=plan.threads,
                                    kv_type=plan.kv_type, flash_attn=plan.flash_attn, op_offload=plan.op_offload)
     draft_model_params = drafter_model_params(plan) if plan.drafter_placement != "none" and drafter_fp else None
     file_backed = plan.weights_mode == "file-backed"
@@ -137,6 +132,12 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
         log.warning("%s", note)
     return Placement(plan, model_params, context_params, effective, allowed, draft_model_params,
                      plan.suffix_cap_tokens, file_backed, max(plan.ram_budget - RELEASE_MARGIN, 1), tuple(notes))
+
+
+def _sequences(plan: planner.Plan, draft: str | None) -> int:
+    """The target context's sequences when it drafts: one per root-to-leaf path, plus the main
+    one (a drafter swapped for the suffix drafter drafts although the plan counted none)."""
+    return 1 + plan.draft_max if draft not in (None, "none") else 1
 
 
 def target_model_params(plan: planner.Plan) -> ModelParams:

@@ -13,7 +13,7 @@ from edgespec.memory import placements
 from edgespec.memory.footprint import ModelFootprint
 from edgespec.memory.machine import MachineInfo, default_threads
 from edgespec.memory.planner import (SUFFIX_BYTES_PER_TOKEN, SUFFIX_DEFAULT_CAP, UBATCH_CHOICES, Decision,
-                                     Plan, _ctx_options, _Eval, _Planner, fmt_bytes)
+                                     Plan, ShapeChoice, _ctx_options, _Eval, _Planner, fmt_bytes)
 
 
 @dataclass
@@ -40,16 +40,16 @@ class _Context:
 
 def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprint,
                drafter: ModelFootprint | None, m: MachineInfo, ram_given: bool, vram_given: bool,
-               n_ctx: int | None, mlock: bool, threads: int | None, forced: str | None = None,
-               shape: placements.DraftShape = placements.CHAINS, given_way: str | None = None,
-               traded: str | None = None) -> Plan:
+               n_ctx: int | None, mlock: bool, threads: int | None, forced: str | None,
+               choice: ShapeChoice) -> Plan:
     c = _Context(pl, e, evals, target, drafter, m)
     cfg, tc = e.cfg, e.target_ctx
     use_mlock, mlock_decision = _mlock(c, mlock)
     n_thr = threads or default_threads(m)
     no_host, op_offload = placements.target_flags(e.ngl, m.gpu_offload)
     decisions = (_budgets(c, ram_given, vram_given) + [_placement(c, forced), _gpu_layers(c, vram_given)] + _weights(c)
-                 + [mlock_decision] + _context(c, n_ctx) + _drafters(c) + [_drafts(c, shape, given_way, traded), _threads(c, threads, n_thr)])
+                 + [mlock_decision] + _context(c, n_ctx) + _drafters(c) + [_drafts(c, choice)]
+                 + [_threads(c, threads, n_thr)])
     return Plan(
         target=target.name, drafter=drafter.name if drafter is not None and cfg.drafter != "none" else None,
         n_ctx=cfg.n_ctx, n_ctx_train=target.n_ctx_train, n_batch=tc.n_batch, n_ubatch=tc.n_ubatch,
@@ -59,7 +59,7 @@ def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprin
         placement=cfg.placement, no_host=no_host, op_offload=op_offload,
         drafter_n_gpu_layers=e.drafter_ngl, drafter_use_mmap=e.drafter_mmap,
         suffix_drafter=bool(cfg.suffix_cap), suffix_cap_tokens=cfg.suffix_cap,
-        draft_max=shape.draft_max, draft_tree=shape.tree,
+        draft_max=choice.shape.draft_max, draft_tree=choice.shape.tree,
         threads=n_thr, threads_batch=n_thr, ram_budget=pl.ram_budget, vram_budget=pl.vram_budget,
         ram_bytes=e.ram, vram_bytes=e.vram, file_backed_bytes=e.file_bytes, parts=e.parts,
         decisions=decisions, llama_cpp_reports=_reports(e, target), warnings=c.warnings,
@@ -260,19 +260,23 @@ def _drafter_model(c: _Context) -> Decision:
     return Decision("drafter", "none (suffix drafter only)" if cfg.suffix_cap else "none", why)
 
 
-def _drafts(c: _Context, shape: placements.DraftShape, given_way: str | None, traded: str | None) -> Decision:
-    """The draft shape: the placement's default (placements.draft_shape), what it cost, or why not."""
+def _drafts(c: _Context, choice: ShapeChoice) -> Decision:
+    """The draft shape: the placement's default, what it cost, or why the longer one was not taken."""
+    shape, cfg = choice.shape, c.e.cfg
     value = f"up to {shape.draft_max} tokens" + (", trees (greedy)" if shape.tree else "")
-    mode = placements.MODES[c.e.cfg.placement]
-    if given_way is not None:
-        why = f"the {mode.name} placement's longer drafts ({placements.TREES.draft_max}-node trees) would cost {given_way}"
-    elif shape == placements.draft_shape(mode.name, None, None):
-        why = ("the drafter runs on the GPU: a 63-node tree search is cheap and 64 rows verify for about "
-               "what 32 do" if mode.long_drafts else "it drafts chains ahead during verification" if mode.overlap
-               else "drafter and target on the CPU, where 64 rows cost ~20 one-row steps (benchmarks/RESULTS.md)")
+    mode = placements.MODES[cfg.placement]
+    if choice.rejected is not None:
+        why = f"{choice.rejected.draft_max}-token drafts and trees would cost {choice.given_way}"
+    elif mode.long_drafts(cfg.drafter == "gpu"):
+        why = ("the drafter runs on the GPU: a 63-node tree search is cheap and 64 rows verify for about what 32 do"
+               if cfg.drafter == "gpu" else "the target verifies through the GPU: 64 rows cost about what 32 do")
     else:
-        why = "as asked (--draft-max, --draft-tree); the placement's default for what was not"
-    return Decision("drafts", value, why + (f"; at the cost of {traded}" if traded else ""))
+        why = ("it drafts chains ahead during verification" if mode.overlap else
+               "the target verifies on the CPU, where 64 rows cost ~20 one-row steps (benchmarks/RESULTS.md)")
+    if choice.traded:
+        why += f"; at the cost of {choice.traded}"
+    asked = [n for n, v in zip(("--draft-max", "--draft-tree"), choice.asked) if v is not None]
+    return Decision("drafts", value, why + (f" ({' and '.join(asked)} as given)" if asked else ""))
 
 
 def _threads(c: _Context, threads: int | None, n_thr: int) -> Decision:

@@ -345,11 +345,11 @@ def estimate_context(footprint: ModelFootprint, n_ctx: int, n_ubatch: int = 512,
     ub = min(n_ubatch, batch)
     out_max = max(n_outputs_max if n_outputs_max is not None else n_batch, n_seq)
     n_out = min(max(n_outputs, 1), ub)
-    layer = _layer_stage(footprint, ub, cells, flash_attn)
-    # llama.cpp reserves the larger of two graphs: a prompt batch (ub tokens) and a generation
-    # step of one token per sequence (n_seq tokens and logits rows). The second dominates for a
-    # tree search's contexts (256 sequences over 64-token batches: 150 MiB reported on the CPU
-    # and on CUDA, where counting only the first left the plan 117 MB short).
+    # llama.cpp reserves the larger of two graphs: a prompt batch (ub tokens rounded up to a
+    # multiple of n_seq) and a generation step of one token per sequence (n_seq tokens and
+    # logits rows). The second dominates a tree search's context: 256 sequences over 64-token
+    # batches reserve 150 MiB for the 0.5B drafter, on the CPU and on CUDA alike.
+    layer = _layer_stage(footprint, -(-ub // n_seq) * n_seq, cells, flash_attn)
     step = max(_layer_stage(footprint, n_seq, cells, flash_attn), _logits_stage(footprint, n_seq, n_seq))
     reserved = max(layer, _logits_stage(footprint, min(out_max, ub), ub), step)
     touched = max(layer, 4 * n_out * (footprint.n_vocab + 2 * footprint.n_embd))

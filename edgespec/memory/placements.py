@@ -35,15 +35,15 @@ class PlacementMode:
     def needs_gpu(self) -> bool:
         return self.target != "cpu" or self.drafter == "gpu"
 
-    @property
-    def long_drafts(self) -> bool:
-        """Whether drafts default to TREES here: the drafter on a GPU searches a 63-node tree in
-        a fraction of a target step, and verifying 64 rows costs a GPU-resident or op-offloaded
-        target about what 32 do. Replayed on 16 held-out code edits (7B shape, H100 curves,
-        benchmarks/RESULTS-gpu.md section 12), `auto` with TREES against CHAINS: `gpu`
-        5.29x / 4.79x, `offload` 5.15x / 4.43x, `draft-gpu` 4.12x / 4.00x; the same trees with
-        drafts capped at 32 gain nothing (4.79x, 4.03x, 3.89x). `overlap` drafts chains ahead."""
-        return self.drafter == "gpu" and not self.overlap
+    def long_drafts(self, drafter_on_gpu: bool) -> bool:
+        """Whether `auto` drafts TREES here by default: where the target verifies through the
+        GPU (64 rows cost a GPU-resident or op-offloaded target about what 32 do) or a drafter
+        on the GPU searches a 63-node tree in a fraction of a target step. Replayed on 16
+        held-out code edits (7B shape, H100 curves, benchmarks/RESULTS-gpu.md section 12),
+        `auto` with TREES against CHAINS: `gpu` 5.29x / 4.79x, `offload` 5.15x / 4.43x,
+        `draft-gpu` 4.12x / 4.00x; the same trees with drafts capped at 32 gain nothing
+        (4.79x, 4.03x, 3.89x). `overlap` drafts chains ahead."""
+        return not self.overlap and (self.target != "cpu" or drafter_on_gpu)
 
 
 MODES = {m.name: m for m in (
@@ -74,10 +74,10 @@ CHAINS = DraftShape(32, False)
 TREES = DraftShape(63, True)  # the largest tree: 63 nodes, a 64-row verification
 
 
-def draft_shape(name: str, draft_max: int | None, tree: bool | None) -> DraftShape:
+def draft_shape(name: str, draft_max: int | None, tree: bool | None, drafter_on_gpu: bool = False) -> DraftShape:
     """What was asked, and the placement's default (TREES where ``long_drafts``, else CHAINS)
     for what was not (None)."""
-    default = TREES if mode(name).long_drafts else CHAINS
+    default = TREES if mode(name).long_drafts(drafter_on_gpu) else CHAINS
     return DraftShape(default.draft_max if draft_max is None else draft_max,
                       default.tree if tree is None else tree)
 

@@ -144,6 +144,7 @@ class Plan:
             "n_ctx": self.n_ctx, "n_threads": self.threads, "n_gpu_layers": self.n_gpu_layers,
             "placement": self.placement, "no_host": self.no_host, "op_offload": self.op_offload,
             "use_mmap": self.use_mmap, "use_mlock": self.use_mlock,
+            "draft_max": self.draft_max, "draft_tree": self.draft_tree,
             "draft": ("hybrid" if self.suffix_drafter else "model") if self.drafter_placement != "none"
             else ("suffix" if self.suffix_drafter else "none"),
             "draft_model": self.drafter if self.drafter_placement != "none" else None,
@@ -432,7 +433,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
               suffix: bool = True, draft_max: int | None = None, draft_tree: bool | None = None, mlock: bool = False,
               kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
               repack: bool | None = None, threads: int | None = None, placement: str | None = None,
-              external_drafter=None, drafter_required: bool = False) -> Plan:
+              external_drafter=None, drafter_required: bool = False, long_drafts: bool = True) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
 
     Args:
@@ -441,8 +442,9 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         n_ctx: context tokens; None: the engine default (4096, at most the trained context),
             halved while it does not fit (down to 512).
         suffix: whether the suffix drafter runs (budgets its index).
-        draft_max, draft_tree: the draft shape; None: the chosen placement's default
-            (edgespec.memory.placements.draft_shape), kept only if it costs the plan nothing else.
+        draft_max, draft_tree: the draft shape; None: 32-token chains, or with ``long_drafts``
+            (`auto`, which prices every prefix and trees against chains) the chosen placement's
+            default (edgespec.memory.placements.draft_shape, _longer_shape).
         external_drafter: a drafter outside llama.cpp, with ``where`` and ``parts(n_ctx)``
             (edgespec.memory.footprint.OnnxDrafterFootprint), counted in every candidate.
         kv_type, n_ubatch, mmap, repack, placement: force a choice instead of letting the planner
@@ -494,28 +496,49 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
             raise err
         return pl, min(fitting, key=lambda e: (e.penalty, e.ram)), evals
 
-    # The placement is chosen with chains (what was asked stays asked); where it drafts longer
-    # by default, it is planned again with that shape and kept unless something else gives way.
+    # The placement is chosen with chains (what was asked stays asked); where `auto` drafts
+    # longer by default, it is planned again with that shape (_longer_shape).
     chains = placements.draft_shape("cpu", draft_max, draft_tree)
     pl, best, evals = search(chains, placement)
-    shape = placements.draft_shape(best.cfg.placement, draft_max, draft_tree)
-    given_way = traded = None
-    if shape != chains:
-        try:
-            longer = search(shape, best.cfg.placement)
-        except BudgetExceeded:
-            given_way = "more memory than the budgets hold"
-        else:
-            given_way = _given_way(best, longer[1])
-            if given_way is None:
-                traded = "one target layer fewer on the GPU than chains" if longer[1].ngl < best.ngl else None
-                pl, best, evals = longer
-    if given_way is not None:
-        shape = chains
+    choice = _longer_shape(search, best, chains, draft_max, draft_tree) if long_drafts else \
+        ShapeChoice(chains, (draft_max, draft_tree))
+    if choice.plan is not None:
+        pl, best, evals = choice.plan
     from edgespec.memory.explain import build_plan
 
     return build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads, placement,
-                      shape, given_way, traded)
+                      choice)
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    """The draft shape a plan takes (edgespec.memory.placements.DraftShape) and why."""
+
+    shape: placements.DraftShape
+    asked: tuple[int | None, bool | None]  # (draft_max, draft_tree) as given; None: the default
+    rejected: placements.DraftShape | None = None  # the placement's longer default, not taken ...
+    given_way: str | None = None  # ... because it would cost this
+    traded: str | None = None  # what the longer shape, taken, cost
+    plan: tuple | None = None  # (planner, best, evals) of the longer shape, when taken
+
+
+def _longer_shape(search, best: _Eval, chains: placements.DraftShape, draft_max: int | None,
+                  draft_tree: bool | None) -> ShapeChoice:
+    """The placement's default shape where it is longer than chains, kept unless the plan would
+    give up more than one target layer on the GPU or anything else for it (_given_way)."""
+    asked = (draft_max, draft_tree)
+    shape = placements.draft_shape(best.cfg.placement, draft_max, draft_tree, best.cfg.drafter == "gpu")
+    if shape == chains:
+        return ShapeChoice(chains, asked)
+    try:
+        longer = search(shape, best.cfg.placement)
+    except BudgetExceeded:
+        return ShapeChoice(chains, asked, shape, "more memory than the budgets hold")
+    given_way = _given_way(best, longer[1])
+    if given_way is not None:
+        return ShapeChoice(chains, asked, shape, given_way)
+    traded = "one target layer fewer on the GPU than chains" if longer[1].ngl < best.ngl else None
+    return ShapeChoice(shape, asked, traded=traded, plan=longer)
 
 
 def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | None, where: str | None,
@@ -552,14 +575,9 @@ def _given_way(chains: _Eval, longer: _Eval) -> str | None:
     (benchmarks/RESULTS-gpu.md section 12)."""
     if longer.ngl < chains.ngl - 1:
         return f"{chains.ngl - longer.ngl} fewer target layers on the GPU"
-    if longer.cfg.drafter != chains.cfg.drafter:
-        return "the drafter model" if longer.cfg.drafter == "none" else \
-            f"the drafter model on the {longer.cfg.drafter.upper()} instead of the {chains.cfg.drafter.upper()}"
-    if longer.cfg.n_ctx < chains.cfg.n_ctx:
-        return f"a {longer.cfg.n_ctx}-token context instead of {chains.cfg.n_ctx}"
-    if longer.cfg.kv_type != chains.cfg.kv_type:
-        return f"a {longer.cfg.kv_type} KV cache instead of {chains.cfg.kv_type}"
-    return None
+    a, b = asdict(chains.cfg), asdict(longer.cfg)
+    changed = [f"{k.replace('_', ' ')} {b[k]} instead of {a[k]}" for k in a if a[k] != b[k]]
+    return ", ".join(changed) or None
 
 
 def _refuse_vram(pl: _Planner, evals: list[_Eval], target: ModelFootprint, placement: str) -> None:
