@@ -24,6 +24,23 @@ def test_a_drafter_pays_only_if_its_tokens_cost_less_than_what_they_save():
     assert pays(VERIFY, 0.050, budget=8) and not pays(VERIFY, 0.080, budget=8)
 
 
+def test_a_drafter_left_out_within_its_noise_is_measured_again(tmp_path):
+    """A measured loss within 1/sqrt(den) of even is forgotten after REPROBE_AFTER requests
+    without the drafter (the load rule then asks its prior); a clear loss is kept."""
+    from edgespec.drafters.auto.memory import REPROBE_AFTER, PolicyMemory
+
+    near, clear = PolicyMemory(tmp_path, "near"), PolicyMemory(tmp_path, "clear")
+    near.save({}, "d", [[1.0, 1.0]], gain_state=[76.0, 77.0])  # 0.99 > 1 - 1/sqrt(77) = 0.886
+    clear.save({}, "d", [[1.0, 1.0]], gain_state=[63.0, 100.0])  # 0.63 < 0.90
+    for k in range(REPROBE_AFTER):
+        assert near.drafter_gain("d") == [76.0, 77.0] and clear.drafter_gain("d") == [63.0, 100.0], k
+        near.save({}, "d", None)  # a request without the drafter loaded
+        clear.save({}, "d", None)
+    assert near.drafter_gain("d") is None and clear.drafter_gain("d") == [63.0, 100.0]
+    near.save({}, "d", [[1.0, 1.0]], gain_state=[80.0, 90.0])  # loaded again: the count restarts
+    assert near.drafter_gain("d") == [80.0, 90.0]
+
+
 def test_cheapest_paying_drafter_wins_and_none_when_none_pays():
     assert cheapest_paying({"model": 0.030, "onnx": 0.020}, VERIFY, 8) == "onnx"
     assert cheapest_paying({"model": 0.030, "onnx": 0.500}, VERIFY, 8) == "model"

@@ -19,6 +19,12 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CARRY_WEIGHT = 6.0
+# A drafter left out is measured again (loaded for one request) after sitting out this many,
+# if its measured loss was within the noise of a count of its tokens (1/sqrt(den)): otherwise
+# one unlucky first answer decides for good. Beside the 9-layer offloaded 7B, a first
+# Spec-Bench answer whose three 63-node trees missed measured 76/77 and kept trees out of the
+# next 29 questions (replayed, benchmarks/RESULTS-gpu.md section 12).
+REPROBE_AFTER = 8
 
 
 def drafter_key(drafter_path, tree: bool = False) -> str:
@@ -37,7 +43,8 @@ def saved_gain(state: dict, drafter: str) -> list[float] | None:
 
 class PolicyMemory:
     """One JSON file per placement: {"suffix": {class: [num, den]}, "drafters": {name: [[num, den]...]},
-    "confidence": {name: [nums, dens]} (ConfidenceCalibration's bins), "gain": {name: [num, den]}}."""
+    "confidence": {name: [nums, dens]} (ConfidenceCalibration's bins), "gain": {name: [num, den]},
+    "sat_out": {name: requests since it was last loaded}}."""
 
     def __init__(self, home: Path, placement_key: str):
         self.path = Path(home) / "policy" / f"{placement_key}.json"
@@ -51,8 +58,12 @@ class PolicyMemory:
 
     def drafter_gain(self, drafter: str) -> list[float] | None:
         """What ``drafter``'s steps measured to gain here ([num, den]; edgespec.drafters.auto.policy.drafter_gain),
-        or None before it ever drafted here."""
-        return saved_gain(self.load(), drafter)
+        or None before it ever drafted here and when a re-probe is due (REPROBE_AFTER)."""
+        state = self.load()
+        gain = saved_gain(state, drafter)
+        if gain is None or state.get("sat_out", {}).get(drafter, 0) < REPROBE_AFTER:
+            return gain
+        return None if gain[0] / gain[1] > 1.0 - gain[1] ** -0.5 else gain
 
     def save(self, suffix: dict, drafter: str | None, drafter_state: list | None,
              confidence_state: list | None = None, gain_state: list | None = None) -> None:
@@ -64,6 +75,9 @@ class PolicyMemory:
             state.setdefault("confidence", {})[drafter] = confidence_state
         if drafter is not None and gain_state is not None:
             state.setdefault("gain", {})[drafter] = gain_state
+        if drafter is not None:  # requests since it last drafted (0: it was loaded)
+            sat_out = state.setdefault("sat_out", {})
+            sat_out[drafter] = 0 if drafter_state is not None else sat_out.get(drafter, 0) + 1
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
