@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap trees gputests offload numpy diag
+#   overlap trees gputests offload beside numpy diag
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -115,6 +115,13 @@ stage_curves() {
         [[ -f "$W/results/curve-$c.json.done" ]] && continue
         run 30 python3 benchmarks/device/measure.py curve "$c" "$W/models" "$W/results/curve-$c.json" \
             && touch "$W/results/curve-$c.json.done"
+    done
+}
+
+stage_beside() {  # the 7B beside the drafter: 4 layers (chains' plan) and 3 (trees' plan), one machine
+    local c
+    for c in offload-7b-beside-drafter offload-7b-beside-tree-drafter; do
+        run 30 python3 benchmarks/device/measure.py curve "$c" "$W/models" "$W/results/curve-$c.json"
     done
 }
 

@@ -228,9 +228,9 @@ def _inputs(args) -> dict:
     code = ("import json, sys; from edgespec.bench.prompts import load_suite, select; "
             "from edgespec.files.store import ModelStore; from edgespec.units import parse_bytes; "
             "print(json.dumps({'limit': parse_bytes(sys.argv[1]), 'model_path': str(ModelStore().resolve(sys.argv[2])), "
-            "'prompts': [vars(p) for p in select(load_suite('code-edit'), 1)]}))")
-    out = subprocess.run([sys.executable, "-c", code, args.limit, args.model], capture_output=True, text=True,
-                         check=True)
+            "'prompts': [vars(p) for p in select(load_suite(sys.argv[3]), 1)]}))")
+    out = subprocess.run([sys.executable, "-c", code, args.limit, args.model, args.suite], capture_output=True,
+                         text=True, check=True)
     d = json.loads(out.stdout)
     d["prompts"] = [argparse.Namespace(**p) for p in d["prompts"]]
     return d
@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", default="600MiB", help="cgroup memory limit and --ram-budget")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--prompts", type=int, default=2, help="code-edit requests: the first of each category, in order")
+    ap.add_argument("--prompts", type=int, default=2, help="requests: the first of each category, in order")
+    ap.add_argument("--suite", default="code-edit", help="code-edit (tuning) or code-edit-validation (held out)")
     ap.add_argument("--configs", default="plain,auto,suffix")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ctx", type=int, default=4096)

@@ -3,6 +3,8 @@ those not in another trace (the prompts never looked at before): overall speedup
 
     .venv/bin/python benchmarks/replay/heldout.py --trace code-edit-validation-16 \
         --seen code-edit-validation --configs auto,auto-tree,hybrid-tree
+    .venv/bin/python benchmarks/replay/heldout.py --trace specbench-30-validate --seen specbench-30 \
+        --configs auto,auto-tree --max-tokens 128
 """
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from edgespec.bench.replay import TREE
 from edgespec.bench.summary import OVERALL, summarize
 
 
-def speedup(trace, config: str, costs, ids) -> float:
+def speedup(trace, config: str, costs, ids, max_tokens: int | None = None) -> float:
     """``config``'s overall speedup over plain on the prompts ``ids``, replayed alone."""
     draft_max = 63 if config.endswith(TREE) else 32
-    settings = rp.ReplaySettings(max_tokens=trace.max_tokens, draft_max=draft_max)
+    settings = rp.ReplaySettings(max_tokens=trace.max_tokens if max_tokens is None else max_tokens,
+                                 draft_max=draft_max)
     records = rp.replay(trace, ["plain", config], costs, settings, ids=ids)
     return summarize(records)[config][OVERALL]["speedup"]
 
@@ -33,6 +36,7 @@ def main() -> None:
     ap.add_argument("--configs", default="auto,auto-tree,hybrid-tree")
     ap.add_argument("--placements", default=",".join(p for p in PLACEMENTS if p != "gpu-1.5b"))
     ap.add_argument("--node-ms", type=float, default=0.59)
+    ap.add_argument("--max-tokens", type=int, default=None, help="default: the trace's; Spec-Bench trees are recorded for 128")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     trace, seen = load_traces(f"{args.trace},{args.seen}")
@@ -43,7 +47,8 @@ def main() -> None:
     print("|---" * (len(configs) + 1) + "|")
     for name in args.placements.split(","):
         costs = replace(load_costs(name), node_s=args.node_ms * 1e-3)
-        cells = [f"{speedup(trace, c, costs, every):.2f}x / {speedup(trace, c, costs, new):.2f}x" for c in configs]
+        cells = [f"{speedup(trace, c, costs, every, args.max_tokens):.2f}x / "
+                 f"{speedup(trace, c, costs, new, args.max_tokens):.2f}x" for c in configs]
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
