@@ -30,12 +30,12 @@ STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
 DRAFT = typer.Option("auto", "--draft", "-d",
                      help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path.")
 DRAFT_MAX = typer.Option(None, "--draft-max", min=1, max=64,
-                         help="Most drafted tokens per step (default: 63 where the planner puts the drafter "
-                              "on a GPU, else 32).")
+                         help="Most drafted tokens per step (default 32; for auto 63 where the planner "
+                              "verifies through a GPU or puts the drafter on one).")
 DRAFT_TREE = typer.Option(None, "--draft-tree/--no-draft-tree",
                           help="Greedy: the model drafter may draft best-first trees of up to 63 nodes (`auto`: "
-                               "a tree or a chain per step, whichever prices higher). Default: where the "
-                               "planner puts the drafter on a GPU.")
+                               "a tree or a chain per step, whichever prices higher). Default: on for auto "
+                               "where the planner verifies through a GPU or puts the drafter on one.")
 RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
                            help="Greedy: re-decode alone any verified position whose top-2 logit gap is "
                                 "below this (batch numerics can flip such near-ties); 0: off.")

@@ -56,8 +56,9 @@ class EngineConfig:
     # edgespec.drafters (none | suffix | model | hybrid | auto) or a drafter model name/path.
     draft: str | None = None
     draft_model: str | None = None
-    # The draft shape (edgespec.memory.placements.DraftShape); None: the planned placement's
-    # default (63-token drafts and greedy trees where the drafter runs on a GPU), else 32 and chains.
+    # The draft shape (edgespec.memory.placements.DraftShape); None: for `auto` in a planned
+    # load the placement's default (63-token drafts and greedy trees where the target verifies
+    # through a GPU or the drafter runs on one), else 32-token chains.
     draft_max: int | None = None
     draft_tree: bool | None = None
     # Greedy: verified positions whose top-2 logit gap is below this are re-decoded alone

@@ -112,8 +112,31 @@ def test_drafter_model_is_allowed_only_where_the_plan_counted_it(model_path, sto
     assert not placement(target, store, roomy, draft="suffix", **common).model_drafter_allowed
     tight = placement(target, store, 600 << 20, draft="auto", **common)
     assert tight.file_backed and not tight.model_drafter_allowed and tight.draft == "auto"
-    # `model` whose drafter does not fit drafts with the suffix drafter: the target context
-    # still holds a sequence per draft path, though the plan counted no drafting
+    # `model` whose drafter does not fit drafts with the suffix drafter, planned: its index and
+    # a target context with a sequence per draft path
     common.update(draft_max=None, draft_tree=None, n_seq_max=1)
     swapped = placement(target, store, 1400 << 20, draft="model", **common)
     assert (swapped.draft, swapped.plan.draft_max, swapped.context_params.n_seq_max) == ("suffix", 32, 33)
+    assert swapped.suffix_cap_tokens > 0 and swapped.plan.suffix_drafter
+
+
+def test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read(model_path, tmp_path):
+    """auto_skips_drafter reads the drafter's measured gain under the key of the plan *with*
+    it; the target planned anew without it (here 29 GPU layers instead of 18) learns under
+    another, so the load counts the request under the first (REPROBE_AFTER), once."""
+    from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
+    from edgespec.files.store import ModelStore
+    from edgespec.memory.budget import _count_left_out, _target_key
+    from test_planner import GiB, MiB, gpu_machine
+
+    target, drafter = str(model_path(TARGET)), str(model_path(DRAFTER))
+    t, d = planner.estimate_model(target), planner.estimate_model(drafter)
+    m = gpu_machine(16 * GiB)
+    beside = planner.make_plan(t, d, 8 * GiB, 1500 * MiB, 4096, machine_info=m)
+    alone = planner.make_plan(t, None, 8 * GiB, 1500 * MiB, 4096, machine_info=m)
+    assert beside.n_gpu_layers < alone.n_gpu_layers
+    home = ModelStore(tmp_path)
+    _count_left_out(beside, alone, target, drafter, home)
+    _count_left_out(beside, beside, target, drafter, home)  # the same key: its AutoDrafter counts
+    state = PolicyMemory(home.home, _target_key(beside, target)).load()
+    assert state["sat_out"] == {drafter_key(drafter, beside.draft_tree): 1}

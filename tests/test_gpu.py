@@ -71,10 +71,11 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
     with Engine(cfg) as engine:
         assert engine.placement.plan.placement == mode
         tree = engine.draft_shape.tree
-        if default:  # the long shape where the budget has room for the trees' contexts, else why not
-            drafts = next(d for d in engine.placement.plan.decisions if d.name == "drafts")
-            long = mode in ("gpu", "draft-gpu") or (mode == "offload" and "would cost" not in drafts.why)
-            assert engine.draft_shape == (placements.TREES if long else placements.CHAINS), drafts
+        if default:  # the placement's shape for where the drafter went, unless the plan says what it would cost
+            plan = engine.placement.plan
+            drafts = next(d for d in plan.decisions if d.name == "drafts")
+            want = placements.draft_shape(mode, None, None, plan.drafter_placement == "gpu")
+            assert engine.draft_shape == (placements.CHAINS if "would cost" in drafts.why else want), drafts
         if draft == "model":
             # Random weights are never confident enough to draft: draft anyway, so drafting,
             # verification and rollback all run on the GPU.

@@ -13,7 +13,6 @@ import pytest
 
 from edgespec.drafters import KINDS, DraftConfig
 from edgespec.engine import EngineConfig
-from edgespec.memory.placements import CHAINS
 from edgespec.errors import (
     BudgetExceeded,
     InvalidRequest,
@@ -28,6 +27,7 @@ from edgespec.memory.footprint import (
     estimate_model,
     estimate_onnx_drafter,
 )
+from edgespec.memory.placements import CHAINS
 from edgespec.onnx.convert import BITS, onnx_dir_for
 from edgespec.onnx.providers import NAMES, check_provider, short_name
 

@@ -7,13 +7,13 @@ model on this machine."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import DRAFTER, SMALL, TARGET
+from test_planner import GiB, MiB, cpu_machine, gpu_machine
+
 from edgespec.engine import Engine, EngineConfig
 from edgespec.errors import BudgetExceeded, InvalidRequest
 from edgespec.memory import placements, planner
 from edgespec.memory.machine import _is_unified
-from test_planner import GiB, MiB, cpu_machine, gpu_machine
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,9 @@ def test_vram_decides_the_mode(pair):
 def pair_7b(model_path, tmp_path_factory, pair):
     """A 7B-shaped Qwen2.5 target (the 1.5B's header, cloned) beside the real 0.5B drafter: its
     tensor data a sparse hole, since the planner reads only the header and the file's size."""
-    from edgespec.files.clone import write_clone
     from test_clone import QWEN_7B
+
+    from edgespec.files.clone import write_clone
 
     path = tmp_path_factory.mktemp("clone") / "qwen7b.gguf"
     result = write_clone(model_path(TARGET), path, QWEN_7B, header_only=True)
@@ -79,7 +80,7 @@ def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7
 
     t, d = pair_7b
     third = t.file_size // 3 + 256 * MiB
-    kw = dict(machine_info=gpu_machine(80 * GiB))
+    kw = {"machine_info": gpu_machine(80 * GiB)}
     trees = planner.make_plan(t, d, 32 * GiB, third, 4096, **kw)
     chains = planner.make_plan(t, d, 32 * GiB, third, 4096, draft_max=32, draft_tree=False, **kw)
     assert (trees.placement, trees.drafter_placement, trees.draft_max, trees.draft_tree) == ("offload", "gpu", 63, True)

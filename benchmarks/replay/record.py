@@ -27,8 +27,8 @@ from edgespec.bench.runner import BenchSettings, _prompt_tokens, _share_prefill
 from edgespec.decode.loop import Decoder
 from edgespec.drafters import DraftConfig, default_draft_model, load_model_drafter
 from edgespec.drafters.model import MAX_TREE_NODES
-from edgespec.memory.placements import CHAINS
 from edgespec.engine import Engine, EngineConfig
+from edgespec.memory.placements import CHAINS
 
 log = logging.getLogger("record")
 DRAFTER_CTX = 8192  # prompt + output + 63 off-path chains of up to 31 tokens

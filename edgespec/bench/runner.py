@@ -64,7 +64,7 @@ class BenchSettings:
     seed: int = 0
     n_ctx: int = 4096
     threads: int | None = None
-    draft_max: int | None = None  # None: the placement's (EngineConfig.draft_max)
+    draft_max: int | None = None  # None: auto's the placement's (EngineConfig.draft_max), the others 32
     draft_tree: bool | None = None  # ... and whether auto may draft trees
     recheck_gap: float = 0.0  # greedy near-tie re-checks of the X+recheck configurations (SpeculativeStep)
     repeats: int = 1
@@ -195,11 +195,14 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     # A budget is planned for the target with the suffix drafter; configurations that add a
     # drafter model do so on top of it (auto only when the plan leaves room for one).
     planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None
-    # (unplanned, the engine is built without a drafter: it must still hold the drafts' sequences)
-    unplanned = placements.draft_shape("cpu", settings.draft_max, settings.draft_tree)
+    # The placement's longer default is auto's: without auto, chains unless asked. (Unplanned,
+    # the engine is built without a drafter: it must still hold the drafts' sequences.)
+    chains = placements.draft_shape("cpu", settings.draft_max, settings.draft_tree)
+    auto = any(base_config(c) == "auto" for c in configs)
     engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
-                                 draft_max=settings.draft_max, draft_tree=settings.draft_tree,
-                                 n_seq_max=1 if planned else 1 + unplanned.draft_max, ram_budget=settings.ram_budget,
+                                 draft_max=settings.draft_max if auto else chains.draft_max,
+                                 draft_tree=settings.draft_tree if auto else chains.tree,
+                                 n_seq_max=1 if planned else 1 + chains.draft_max, ram_budget=settings.ram_budget,
                                  vram_budget=settings.vram_budget, placement=settings.placement,
                                  draft=_planned_draft(configs) if planned else None))
     runners = _Runners(engine, settings, trees=engine.draft_shape.tree

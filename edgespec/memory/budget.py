@@ -15,7 +15,7 @@ from edgespec.memory import planner
 from edgespec.llama.backend import ContextParams, ModelParams
 from edgespec.drafters import KINDS, DraftConfig, drafter_model_path, kind_of
 from edgespec.files.modelfile import model_file
-from edgespec.errors import InvalidRequest, ModelNotFound
+from edgespec.errors import BudgetExceeded, InvalidRequest, ModelNotFound
 from edgespec.files.store import ModelStore
 from edgespec.memory.filebacked import RELEASE_MARGIN
 
@@ -112,8 +112,10 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
         why = auto_skips_drafter(plan, target_path, str(dpath), store, plan.draft_max, plan.draft_tree)
         if why:  # calibration says it cannot pay here: plan (and load) without it
             notes.append(why)
-            dpath = drafter_fp = None
+            skipped = plan
             plan = plan_with(None)
+            _count_left_out(skipped, plan, target_path, str(dpath), store)
+            dpath = drafter_fp = None
     # The drafter model may be loaded only where the plan counted it.
     effective, allowed = draft, drafter_fp is not None and plan.drafter_placement != "none"
     if drafter_fp is not None and plan.drafter_placement == "none":
@@ -121,6 +123,12 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
         notes.append(f"the drafter model does not fit the {planner.fmt_bytes(plan.ram_budget)} RAM / "
                      f"{planner.fmt_bytes(plan.vram_budget)} VRAM budgets of the {plan.placement} "
                      "placement: using the suffix drafter instead")
+        if not uses_suffix:  # plan the stand-in: its index and the target's draft rows
+            uses_suffix = True
+            try:
+                plan = plan_with(None)
+            except BudgetExceeded:
+                uses_suffix = False  # what fits: the sequences alone (_sequences)
     model_params = target_model_params(plan)
     context_params = ContextParams(n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
                                    n_seq_max=max(plan.n_seq_max, n_seq_max, _sequences(plan, effective)),
@@ -151,6 +159,28 @@ def drafter_model_params(plan: planner.Plan) -> ModelParams:
                        no_host=on_cpu and plan.no_host)
 
 
+def _target_key(plan: planner.Plan, target_path: str) -> str:
+    """The placement key `auto` calibrates and learns under, for the target as ``plan`` loads it."""
+    from edgespec.drafters.auto.calibrate import calibration_key
+    from edgespec.llama.backend import default_threads
+
+    tag = "-filebacked" if plan.weights_mode == "file-backed" else ""
+    return calibration_key(target_path, target_model_params(plan), plan.threads or default_threads(),
+                           plan.flash_attn, tag)
+
+
+def _count_left_out(skipped: planner.Plan, plan: planner.Plan, target_path: str, drafter_path: str,
+                    store: ModelStore) -> None:
+    """Counts the drafter as left out (REPROBE_AFTER) under the key the load rule read, when the
+    target planned without it learns under another one (more GPU layers, another shape) and its
+    AutoDrafter therefore cannot."""
+    from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
+
+    read = (_target_key(skipped, target_path), drafter_key(drafter_path, skipped.draft_tree))
+    if read != (_target_key(plan, target_path), drafter_key(drafter_path, plan.draft_tree)):
+        PolicyMemory(store.home, read[0]).left_out(read[1])
+
+
 def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, store: ModelStore,
                        draft_max: int, draft_tree: bool = False) -> str | None:
     """Why `auto` will not load the drafter model this plan places, from this placement's cached
@@ -162,8 +192,7 @@ def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, 
     from edgespec.llama.backend import default_threads
 
     threads = plan.threads or default_threads()
-    tag = "-filebacked" if plan.weights_mode == "file-backed" else ""
-    target_key = calibration_key(target_path, target_model_params(plan), threads, plan.flash_attn, tag)
+    target_key = _target_key(plan, target_path)
     verify = cached_verify(store.home, target_key)
     cost = cached_draft_cost(store.home, calibration_key(drafter_path, drafter_model_params(plan), threads,
                                                          ModelDrafter.context_params(plan.n_ctx).flash_attn))

@@ -262,20 +262,24 @@ def _drafter_model(c: _Context) -> Decision:
 
 def _drafts(c: _Context, choice: ShapeChoice) -> Decision:
     """The draft shape: the placement's default, what it cost, or why the longer one was not taken."""
-    shape, cfg = choice.shape, c.e.cfg
+    shape, cfg, rejected = choice.shape, c.e.cfg, choice.rejected
     value = f"up to {shape.draft_max} tokens" + (", trees (greedy)" if shape.tree else "")
     mode = placements.MODES[cfg.placement]
-    if choice.rejected is not None:
-        why = f"{choice.rejected.draft_max}-token drafts and trees would cost {choice.given_way}"
-    elif mode.long_drafts(cfg.drafter == "gpu"):
+    asked = [n for n, v in zip(("--draft-max", "--draft-tree"), choice.asked) if v is not None]
+    if rejected is not None:
+        why = (f"{rejected.draft_max}-token drafts" + (" and trees" if rejected.tree else "")
+               + f" would cost {choice.given_way}")
+    elif choice.long_default:
         why = ("the drafter runs on the GPU: a 63-node tree search is cheap and 64 rows verify for about what 32 do"
                if cfg.drafter == "gpu" else "the target verifies through the GPU: 64 rows cost about what 32 do")
+    elif mode.long_drafts(cfg.drafter == "gpu"):
+        why = "as given" if choice.auto else "63-token drafts and trees are `auto`'s default only"
+        asked = [] if choice.auto else asked
     else:
         why = ("it drafts chains ahead during verification" if mode.overlap else
                "the target verifies on the CPU, where 64 rows cost ~20 one-row steps (benchmarks/RESULTS.md)")
     if choice.traded:
         why += f"; at the cost of {choice.traded}"
-    asked = [n for n, v in zip(("--draft-max", "--draft-tree"), choice.asked) if v is not None]
     return Decision("drafts", value, why + (f" ({' and '.join(asked)} as given)" if asked else ""))
 
 

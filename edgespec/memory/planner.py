@@ -501,7 +501,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
     chains = placements.draft_shape("cpu", draft_max, draft_tree)
     pl, best, evals = search(chains, placement)
     choice = _longer_shape(search, best, chains, draft_max, draft_tree) if long_drafts else \
-        ShapeChoice(chains, (draft_max, draft_tree))
+        ShapeChoice(chains, (draft_max, draft_tree), auto=False)
     if choice.plan is not None:
         pl, best, evals = choice.plan
     from edgespec.memory.explain import build_plan
@@ -520,6 +520,12 @@ class ShapeChoice:
     given_way: str | None = None  # ... because it would cost this
     traded: str | None = None  # what the longer shape, taken, cost
     plan: tuple | None = None  # (planner, best, evals) of the longer shape, when taken
+    auto: bool = True  # the placement's longer default applies (`auto` only)
+
+    @property
+    def long_default(self) -> bool:
+        """Whether the plan took the placement's longer default."""
+        return self.plan is not None
 
 
 def _longer_shape(search, best: _Eval, chains: placements.DraftShape, draft_max: int | None,
@@ -576,8 +582,15 @@ def _given_way(chains: _Eval, longer: _Eval) -> str | None:
     if longer.ngl < chains.ngl - 1:
         return f"{chains.ngl - longer.ngl} fewer target layers on the GPU"
     a, b = asdict(chains.cfg), asdict(longer.cfg)
-    changed = [f"{k.replace('_', ' ')} {b[k]} instead of {a[k]}" for k in a if a[k] != b[k]]
-    return ", ".join(changed) or None
+    worse = [k for k in a if a[k] != b[k] and (k not in _BETTER or _BETTER[k](b[k]) < _BETTER[k](a[k]))]
+    return ", ".join(f"{k.replace('_', ' ')} {b[k]} instead of {a[k]}" for k in worse) or None
+
+
+# Which way each setting of a plan is better (larger rank): a longer shape that changes one
+# the better way gives nothing up; a change of any other setting counts as a cost.
+_BETTER = {"resident": int, "n_ubatch": int, "n_ctx": int, "suffix_cap": int,
+           "kv_type": {"q4_0": 0, "q8_0": 1, "f16": 2}.__getitem__,
+           "drafter": {"none": 0, "cpu": 1, "gpu": 2}.__getitem__}
 
 
 def _refuse_vram(pl: _Planner, evals: list[_Eval], target: ModelFootprint, placement: str) -> None:

@@ -63,7 +63,15 @@ class PolicyMemory:
         gain = saved_gain(state, drafter)
         if gain is None or state.get("sat_out", {}).get(drafter, 0) < REPROBE_AFTER:
             return gain
-        return None if gain[0] / gain[1] > 1.0 - gain[1] ** -0.5 else gain
+        return None if 1.0 - gain[1] ** -0.5 < gain[0] / gain[1] < 1.0 else gain
+
+    def left_out(self, drafter: str) -> None:
+        """Counts a load that left ``drafter`` out where no AutoDrafter of this placement will:
+        a planned load that dropped it and planned the target anew (edgespec.memory.budget)."""
+        state = self.load()
+        sat_out = state.setdefault("sat_out", {})
+        sat_out[drafter] = sat_out.get(drafter, 0) + 1
+        self._write(state)
 
     def save(self, suffix: dict, drafter: str | None, drafter_state: list | None,
              confidence_state: list | None = None, gain_state: list | None = None) -> None:
@@ -78,6 +86,9 @@ class PolicyMemory:
         if drafter is not None:  # requests since it last drafted (0: it was loaded)
             sat_out = state.setdefault("sat_out", {})
             sat_out[drafter] = 0 if drafter_state is not None else sat_out.get(drafter, 0) + 1
+        self._write(state)
+
+    def _write(self, state: dict) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
