@@ -530,8 +530,8 @@ class ShapeChoice:
 
 def _longer_shape(search, best: _Eval, chains: placements.DraftShape, draft_max: int | None,
                   draft_tree: bool | None) -> ShapeChoice:
-    """The placement's default shape where it is longer than chains, kept unless the plan would
-    give up more than one target layer on the GPU or anything else for it (_given_way)."""
+    """The placement's default shape where it is longer than chains, in the best plan of that
+    shape that gives up at most one target layer on the GPU and nothing else (_given_way)."""
     asked = (draft_max, draft_tree)
     shape = placements.draft_shape(best.cfg.placement, draft_max, draft_tree, best.cfg.drafter == "gpu")
     if shape == chains:
@@ -540,11 +540,13 @@ def _longer_shape(search, best: _Eval, chains: placements.DraftShape, draft_max:
         longer = search(shape, best.cfg.placement)
     except BudgetExceeded:
         return ShapeChoice(chains, asked, shape, "more memory than the budgets hold")
-    given_way = _given_way(best, longer[1])
-    if given_way is not None:
-        return ShapeChoice(chains, asked, shape, given_way)
-    traded = "one target layer fewer on the GPU than chains" if longer[1].ngl < best.ngl else None
-    return ShapeChoice(shape, asked, traded=traded, plan=longer)
+    pl, top, evals = longer
+    kept = [e for e in evals if e.fits and _given_way(best, e) is None]
+    if not kept:
+        return ShapeChoice(chains, asked, shape, _given_way(best, top))
+    e = min(kept, key=lambda e: (e.penalty, e.ram))
+    traded = "one target layer fewer on the GPU than chains" if e.ngl < best.ngl else None
+    return ShapeChoice(shape, asked, traded=traded, plan=(pl, e, evals))
 
 
 def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | None, where: str | None,
