@@ -134,7 +134,7 @@ class Engine:
             plan = self.placement.plan
             self.draft_shape = placements.DraftShape(plan.draft_max, plan.draft_tree)
         else:
-            self.draft_shape = placements.draft_shape("cpu", config.draft_max, config.draft_tree)
+            self.draft_shape = placements.CHAINS.given(config.draft_max, config.draft_tree)
             model_params = ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=config.use_mmap,
                                        use_mlock=config.use_mlock)
             # one sequence per root-to-leaf path of a draft, plus the main one

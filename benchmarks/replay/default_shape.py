@@ -10,21 +10,15 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from heldout import overall
 from simulate import load_costs, load_traces
-
-from edgespec.bench import replay as rp
-from edgespec.bench.summary import OVERALL, summarize
 
 CHAINS, TREES = "offload-7b-beside-drafter-2", "offload-7b-beside-tree-drafter"
 TRACES = (("code-edit", 256), ("code-edit-validation-16", 256), ("specbench-30", 128), ("specbench-30-validate", 128))
 
 
 def tokens_per_s(trace, config: str, costs: str, max_tokens: int) -> float:
-    draft_max = 63 if config == "auto-tree" else 32
-    settings = rp.ReplaySettings(max_tokens=max_tokens, draft_max=draft_max)
-    configs = ["plain"] + ([config] if config != "plain" else [])
-    records = rp.replay(trace, configs, replace(load_costs(costs), node_s=0.59e-3), settings)
-    return summarize(records)[config][OVERALL]["tokens_per_s"]
+    return overall(trace, config, replace(load_costs(costs), node_s=0.59e-3), max_tokens=max_tokens)["tokens_per_s"]
 
 
 def main() -> None:

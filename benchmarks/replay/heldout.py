@@ -20,13 +20,18 @@ from edgespec.bench.replay import TREE
 from edgespec.bench.summary import OVERALL, summarize
 
 
-def speedup(trace, config: str, costs, ids, max_tokens: int | None = None) -> float:
-    """``config``'s overall speedup over plain on the prompts ``ids``, replayed alone."""
+def overall(trace, config: str, costs, ids=None, max_tokens: int | None = None) -> dict:
+    """``config``'s overall summary (speedup over plain, tokens/s, ...) on the prompts ``ids``
+    (None: all), replayed alone; trees draft up to 63 nodes, chains 32 tokens."""
     draft_max = 63 if config.endswith(TREE) else 32
     settings = rp.ReplaySettings(max_tokens=trace.max_tokens if max_tokens is None else max_tokens,
                                  draft_max=draft_max)
-    records = rp.replay(trace, ["plain", config], costs, settings, ids=ids)
-    return summarize(records)[config][OVERALL]["speedup"]
+    configs = ["plain"] + ([config] if config != "plain" else [])
+    return summarize(rp.replay(trace, configs, costs, settings, ids=ids))[config][OVERALL]
+
+
+def speedup(trace, config: str, costs, ids, max_tokens: int | None = None) -> float:
+    return overall(trace, config, costs, ids, max_tokens)["speedup"]
 
 
 def main() -> None:

@@ -137,7 +137,7 @@ class _Runners:
         ``--draft-max`` (32 unless given), as `edgespec run --draft KIND` would."""
         if kind == "auto":
             return self.engine.draft_shape
-        return placements.draft_shape("cpu", self.settings.draft_max, False)
+        return placements.CHAINS.given(self.settings.draft_max, False)
 
     def _draft_config(self, kind: str) -> DraftConfig:
         shape = self._shape(kind)
@@ -154,13 +154,13 @@ class _Runners:
             return Decoder(self.engine.model, self.engine.seq)
         base = base_config(config)
         kind = "model" if base == "model-tree" else base
-        wants_model = base in MODEL_CONFIGS or (kind == "auto" and self._draft_config(kind).allow_model)
-        shape = self._shape(kind)
-        shared = self.model_drafter(tree=base == "model-tree" or shape.tree) if wants_model else None
-        drafter = make_drafter(self._draft_config(kind), self.engine.model, self.engine.store,
-                               target_ctx=self.engine.ctx, shared_model=shared)
+        cfg = self._draft_config(kind)
+        wants_model = base in MODEL_CONFIGS or (kind == "auto" and cfg.allow_model)
+        shared = self.model_drafter(tree=base == "model-tree" or cfg.tree) if wants_model else None
+        drafter = make_drafter(cfg, self.engine.model, self.engine.store, target_ctx=self.engine.ctx,
+                               shared_model=shared)
         gap = self.settings.recheck_gap if config.endswith(RECHECK) else 0.0
-        step = SpeculativeStep(drafter, shape.draft_max, gap, overlap=self.engine.overlap)
+        step = SpeculativeStep(drafter, cfg.draft_max, gap, overlap=self.engine.overlap)
         return Decoder(self.engine.model, self.engine.seq, step)
 
     def close(self) -> None:
@@ -197,7 +197,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None
     # The placement's longer default is auto's: without auto, chains unless asked. (Unplanned,
     # the engine is built without a drafter: it must still hold the drafts' sequences.)
-    chains = placements.draft_shape("cpu", settings.draft_max, settings.draft_tree)
+    chains = placements.CHAINS.given(settings.draft_max, settings.draft_tree)
     auto = any(base_config(c) == "auto" for c in configs)
     engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                                  draft_max=settings.draft_max if auto else chains.draft_max,

@@ -69,6 +69,10 @@ class DraftShape:
     draft_max: int
     tree: bool
 
+    def given(self, draft_max: int | None, tree: bool | None) -> DraftShape:
+        """This shape with what was asked (not None) in place of its own."""
+        return DraftShape(self.draft_max if draft_max is None else draft_max, self.tree if tree is None else tree)
+
 
 CHAINS = DraftShape(32, False)
 TREES = DraftShape(63, True)  # the largest tree: 63 nodes, a 64-row verification
@@ -77,9 +81,7 @@ TREES = DraftShape(63, True)  # the largest tree: 63 nodes, a 64-row verificatio
 def draft_shape(name: str, draft_max: int | None, tree: bool | None, drafter_on_gpu: bool = False) -> DraftShape:
     """What was asked, and the placement's default (TREES where ``long_drafts``, else CHAINS)
     for what was not (None)."""
-    default = TREES if mode(name).long_drafts(drafter_on_gpu) else CHAINS
-    return DraftShape(default.draft_max if draft_max is None else draft_max,
-                      default.tree if tree is None else tree)
+    return (TREES if mode(name).long_drafts(drafter_on_gpu) else CHAINS).given(draft_max, tree)
 
 
 class PlacementUnavailable(InvalidRequest):

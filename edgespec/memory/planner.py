@@ -498,7 +498,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
 
     # The placement is chosen with chains (what was asked stays asked); where `auto` drafts
     # longer by default, it is planned again with that shape (_longer_shape).
-    chains = placements.draft_shape("cpu", draft_max, draft_tree)
+    chains = placements.CHAINS.given(draft_max, draft_tree)
     pl, best, evals = search(chains, placement)
     choice = _longer_shape(search, best, chains, draft_max, draft_tree) if long_drafts else \
         ShapeChoice(chains, (draft_max, draft_tree), auto=False)

@@ -41,6 +41,12 @@ def saved_gain(state: dict, drafter: str) -> list[float] | None:
     return saved if saved and len(saved) == 2 and saved[1] > 0 else None
 
 
+def _sit_out(state: dict, drafter: str, loaded: bool) -> None:
+    """Counts the requests since ``drafter`` was last loaded (REPROBE_AFTER): 0 when it was."""
+    sat_out = state.setdefault("sat_out", {})
+    sat_out[drafter] = 0 if loaded else sat_out.get(drafter, 0) + 1
+
+
 class PolicyMemory:
     """One JSON file per placement: {"suffix": {class: [num, den]}, "drafters": {name: [[num, den]...]},
     "confidence": {name: [nums, dens]} (ConfidenceCalibration's bins), "gain": {name: [num, den]},
@@ -69,8 +75,7 @@ class PolicyMemory:
         """Counts a load that left ``drafter`` out where no AutoDrafter of this placement will:
         a planned load that dropped it and planned the target anew (edgespec.memory.budget)."""
         state = self.load()
-        sat_out = state.setdefault("sat_out", {})
-        sat_out[drafter] = sat_out.get(drafter, 0) + 1
+        _sit_out(state, drafter, loaded=False)
         self._write(state)
 
     def save(self, suffix: dict, drafter: str | None, drafter_state: list | None,
@@ -83,9 +88,8 @@ class PolicyMemory:
             state.setdefault("confidence", {})[drafter] = confidence_state
         if drafter is not None and gain_state is not None:
             state.setdefault("gain", {})[drafter] = gain_state
-        if drafter is not None:  # requests since it last drafted (0: it was loaded)
-            sat_out = state.setdefault("sat_out", {})
-            sat_out[drafter] = 0 if drafter_state is not None else sat_out.get(drafter, 0) + 1
+        if drafter is not None:
+            _sit_out(state, drafter, loaded=drafter_state is not None)
         self._write(state)
 
     def _write(self, state: dict) -> None:
