@@ -64,8 +64,10 @@ def pair_7b(model_path, tmp_path_factory, pair):
 
 def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7b):
     """placements.draft_shape: the GPU placements draft up to 63 tokens and may draft trees,
-    the cpu placement 32-token chains; what is asked is kept; the longer shape may cost one
-    target layer (a 7B offloaded with a third of its weights in VRAM) and nothing else."""
+    the cpu placement 32-token chains; what is asked is kept; the longer shape costs nothing:
+    a 7B offloaded with a third of its weights in VRAM holds as many layers beside a tree
+    drafter as beside a chain drafter (their contexts are one), and a longer shape that would
+    cost anything is refused."""
     for vram, name in ((16 * GiB, "gpu"), (900 * MiB, "draft-gpu"), (0, "cpu")):
         p = _plan(pair, vram)
         want = placements.TREES if name != "cpu" else placements.CHAINS
@@ -85,13 +87,13 @@ def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7
     chains = planner.make_plan(t, d, 32 * GiB, third, 4096, draft_max=32, draft_tree=False, **kw)
     assert (trees.placement, trees.drafter_placement, trees.draft_max, trees.draft_tree) == ("offload", "gpu", 63, True)
     assert (chains.placement, chains.drafter_placement) == ("offload", "gpu")
-    assert chains.n_gpu_layers == trees.n_gpu_layers + 1
-    assert "one target layer fewer" in next(x.why for x in trees.decisions if x.name == "drafts")
+    assert chains.n_gpu_layers == trees.n_gpu_layers == 4
+    assert trees.vram_bytes <= third and trees.n_seq_max == 64
 
-    # Under a tight RAM budget the longer shape would cost the drafter model: chains stay.
+    # Under a tight RAM budget the longer shape (64 target rows of logits) would cost settings: chains stay.
     tight = planner.make_plan(*pair, 500 * MiB, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB))
     assert (tight.placement, tight.drafter_placement, tight.draft_max, tight.draft_tree) == ("gpu", "gpu", 32, False)
-    assert "would cost drafter none instead of gpu" in next(x.why for x in tight.decisions if x.name == "drafts")
+    assert "trees would cost n ubatch 128 instead of 512, suffix cap" in next(x.why for x in tight.decisions if x.name == "drafts")
     # A CPU target with no drafter model on the GPU verifies 64 rows at ~20 one-row steps: chains.
     assert placements.draft_shape("draft-gpu", None, None, drafter_on_gpu=False) == placements.CHAINS
 

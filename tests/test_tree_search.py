@@ -108,3 +108,30 @@ def test_the_model_drafter_drafts_the_search_tree_and_leaves_only_its_context():
     want = sorted(path for _, path in brute_force_top(31))
     assert sorted(tuple(int(tree.tokens[i]) for i in tree.path_to(k)) for k in range(len(tree))) == want
     assert ctx.cells(0) == list(enumerate(CONTEXT)) and ctx.used_cells == len(CONTEXT)
+
+
+@pytest.mark.parametrize("budget,round_size", [(30, None), (63, None), (63, 16)])
+def test_a_search_holds_at_most_its_budget_of_nodes_so_it_needs_no_more_sequences(budget, round_size):
+    """``forget`` frees the nodes that left the top: a search that decodes more nodes than its
+    context has sequences runs there, every node decoded once (no release, no re-decoded path),
+    and still finds the exact top."""
+    ctx = FakeContext(MODEL, n_ctx=512, n_seq_max=budget + 1, n_ubatch=64)
+    ctx.decode(CONTEXT, range(len(CONTEXT)), [[0]] * len(CONTEXT), [True] * len(CONTEXT))
+    kv, base, held = PathKV(ctx), len(CONTEXT), []
+
+    def expand(paths):
+        rows = kv.decode([(base, p) for p in paths])
+        held.append(ctx.used_cells - base)
+        for p, row in zip(paths, rows):
+            np.testing.assert_array_equal(row, MODEL.logits(np.asarray(CONTEXT + list(p))))
+        return [top_children(row, 4) for row in rows]
+
+    found = best_first(children_of(()), expand, budget, round_size,
+                       forget=lambda paths: kv.forget([(base, p) for p in paths]))
+    assert found.expansions > budget  # more nodes than sequences
+    assert ctx.rows_evaluated - base == found.expansions and max(held) <= budget
+    tree = found.tree
+    got = sorted(tuple(int(tree.tokens[i]) for i in tree.path_to(k)) for k in range(len(tree)))
+    assert got == sorted(path for _, path in brute_force_top(budget))
+    kv.release()
+    assert ctx.cells(0) == list(enumerate(CONTEXT)) and ctx.used_cells == base

@@ -60,7 +60,8 @@ CONFIGS = {
     "offload-7b-no-op-offload": ("qwen7b", THIRD, False, False, (1, 2, 4, 8, 16, 32, 64)),
     # what the planner gives the 7B when the 0.5B drafter shares that third of VRAM (engine_modes.py)
     "offload-7b-beside-drafter": ("qwen7b", 4, False, True, SIZES),
-    # ... and beside a drafter that searches trees (its context reserves 150 MiB more)
+    # ... and beside a tree drafter of 256 sequences (150 MiB more; the search now holds 64,
+    # the chain drafter's context, so 4 layers stand beside trees too)
     "offload-7b-beside-tree-drafter": ("qwen7b", 3, False, True, SIZES),
 }
 

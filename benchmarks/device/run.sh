@@ -118,7 +118,7 @@ stage_curves() {
     done
 }
 
-stage_beside() {  # the 7B beside the drafter: 4 layers (chains' plan) and 3 (trees' plan), one machine
+stage_beside() {  # the 7B beside the drafter: 4 layers (today's plan) and 3 (beside a 256-sequence tree search)
     local c
     for c in offload-7b-beside-drafter offload-7b-beside-tree-drafter; do
         run 30 python3 benchmarks/device/measure.py curve "$c" "$W/models" "$W/results/curve-$c.json"

@@ -20,14 +20,13 @@ import numpy as np
 
 from edgespec.bench.replay import OFF_PATH, Ledger, PromptTrace, TraceChainDrafter, TreeTrace, teacher_forced
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
-from edgespec.drafters.model import TREE_SEQUENCES, TREE_SIZES
+from edgespec.drafters.model import MAX_EXPANSIONS, TREE_SIZES
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.spec.tree import DraftTree
 from edgespec.spec.tree_search import Children, accepted_path, best_first, top_children
 
 BRANCH = 8
 ROUND = None  # every unexpanded node of the current top per round (edgespec.spec.tree_search)
-MAX_EXPANSIONS = TREE_SEQUENCES - 1  # ModelDrafter's tree search: a sequence per expansion at most
 
 
 def _plain_children(ctx, prompt: Sequence[int], output: Sequence[int], branch: int) -> list[Children]:
@@ -111,7 +110,7 @@ class TraceTreeDrafter(TraceChainDrafter):
         t = self.trace.trees
         q = len(context) - len(self.trace.prompt)
         size = budget if tree else self.sizes.size(budget, self.cost)  # tree=True: `auto` sized it
-        if size <= 0 or q >= len(t.accepted) or len(context) + TREE_SEQUENCES >= self.n_ctx:
+        if size <= 0 or q >= len(t.accepted) or len(context) + size + 1 >= self.n_ctx:
             return DraftTree.empty(self.name)
         self._sync(context)
         k = t.budgets.index(size)

@@ -37,11 +37,12 @@ NAME = "model"
 Stop = Callable[[Sequence[float]], bool]  # a greedy chain's confidences so far -> end it here
 MAX_TREE_NODES = 63  # the largest tree: a 64-row verification
 TREE_SIZES = (3, 7, 15, 31, 63)  # the sizes a tree policy chooses from (edgespec.drafters.auto.policy.TreeSizes)
-# A search may need a new sequence per expansion; the exact 63-node tree took more than 63
-# expansions at 76% of the code-edit positions (106 on average), so a tree drafter gets
-# llama.cpp's LLAMA_MAX_SEQ; a chain drafter keeps 64 for trees turned on later (63 expansions).
-TREE_SEQUENCES = 256
-CHAIN_SEQUENCES = MAX_TREE_NODES + 1
+# A search decodes more nodes than its tree holds (the exact 63-node tree took more than 63
+# expansions at 76% of the code-edit positions, 106 on average) but holds at most its budget
+# of them at once (tree_search's ``forget``): a sequence per held node and one for the context,
+# the same context a chain drafter builds.
+MAX_EXPANSIONS = 255
+SEQUENCES = MAX_TREE_NODES + 1
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -117,7 +118,7 @@ class ModelDrafter:
         self.min_confidence = min_confidence
         self.branch = branch
         self.round_size = round_size
-        self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads, tree))
+        self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads))
         self.last_search = None  # the last tree's SearchResult (rounds, expansions)
         # Trees take the largest size of the menu within the step's budget, or, with a cost
         # model, the size that pays from what trees accepted so far.
@@ -130,12 +131,11 @@ class ModelDrafter:
         self.rng = np.random.default_rng()
 
     @staticmethod
-    def context_params(n_ctx: int, n_threads: int | None = None, tree: bool = False) -> ContextParams:
-        """The drafter's context: sequences for a tree search (TREE_SEQUENCES, CHAIN_SEQUENCES);
-        a small ubatch keeps the compute buffer (ubatch x vocabulary logits) small. The planner
+    def context_params(n_ctx: int, n_threads: int | None = None) -> ContextParams:
+        """The drafter's context, chains or trees: SEQUENCES for a tree search's held nodes; a
+        small ubatch keeps the compute buffer (ubatch x vocabulary logits) small. The planner
         sizes the drafter from this declaration."""
-        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64,
-                             n_seq_max=TREE_SEQUENCES if tree else CHAIN_SEQUENCES, n_threads=n_threads)
+        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=SEQUENCES, n_threads=n_threads)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None, rng=None) -> None:
@@ -170,7 +170,7 @@ class ModelDrafter:
         if tree:  # sized before syncing: a step that drafts nothing decodes nothing
             limit = min(budget, MAX_TREE_NODES, self.ctx.n_seq_max - 1)
             budget = limit if sized else self.sizes.size(limit, self.cost)
-        room = self.ctx.n_seq_max if tree else budget + 1  # a tree's cells: one per expanded node
+        room = budget + 1  # cells: a chain's tokens, a tree's held nodes
         if budget <= 0 or len(context) + room >= self.ctx.n_ctx:
             return DraftTree.empty(NAME)
         logits, _ = self.seq.sync(context)
@@ -195,10 +195,13 @@ class ModelDrafter:
             rows = kv.decode([(base, p) for p in paths])
             return [top_children(row, self.branch) for row in rows]
 
+        def forget(paths):
+            kv.forget([(base, p) for p in paths])
+
         t0 = self.clock()
         try:
             found = best_first(top_children(logits, self.branch), expand, budget, self.round_size,
-                               self.ctx.n_seq_max - 1, source=NAME)
+                               MAX_EXPANSIONS, source=NAME, forget=forget)
         finally:
             kv.release()
         self.last_search, self._verifying = found, found.tree

@@ -6,7 +6,9 @@ len(context)``; the replay recorder keeps trees rooted inside a longer sequence 
 sequence holds one path; a child claims its parent's sequence when the parent is that
 sequence's deepest node, else gets a new sequence that shares the parent's cells (``seq_cp``
 over the positions before the child: no copy in a unified cache). A node whose parent's cells
-are gone is decoded after re-decoding its parent's path.
+are gone is decoded after re-decoding its parent's path. A search forgets nodes it will not
+extend (each with its subtree): their sequences are cut above them, or freed when nothing on
+them is left, so sequences in use never outnumber the nodes still held.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ class PathKV:
 
     def _decode(self, nodes: Sequence[Node]) -> np.ndarray:
         seqs = [self._place(n) for n in nodes]
-        return self.ctx.decode([n[1][-1] for n in nodes], [n[0] + len(n[1]) - 1 for n in nodes],
+        return self.ctx.decode([n[1][-1] for n in nodes], [_pos(n) for n in nodes],
                                [[s] for s in seqs], [True] * len(nodes))
 
     def release(self, dead: Callable[[Node], bool] | None = None) -> None:
@@ -46,6 +48,23 @@ class PathKV:
             self._tail.pop(s, None)
             self._free.append(s)
         self._seq = {n: s for n, s in self._seq.items() if s not in gone}
+
+    def forget(self, nodes: Sequence[Node]) -> None:
+        """Frees the cells of ``nodes``; each comes with every decoded node below it."""
+        cut: dict[int, int] = {}  # sequence -> the first position it gives up
+        for node in nodes:
+            seq = self._seq.pop(node, None)
+            if seq is not None:
+                cut[seq] = min(cut.get(seq, _pos(node)), _pos(node))
+        for seq, pos in cut.items():
+            kept = [n for n, s in self._seq.items() if s == seq]
+            if kept:
+                self.ctx.seq_rm(seq, pos, -1)
+                self._tail[seq] = max(kept, key=_pos)
+            else:  # its cells above the nodes it shares with other sequences go too
+                self.ctx.seq_rm(seq, -1, -1)
+                self._tail.pop(seq, None)
+                self._free.append(seq)
 
     def _place(self, node: Node) -> int:
         """A sequence holding ``node``'s ancestors, now also naming ``node`` (decoded next)."""
@@ -60,7 +79,12 @@ class PathKV:
             if not self._free:
                 raise RuntimeError(f"no free sequence for a tree of {len(self._seq)} decoded nodes")
             seq = self._free.pop()
-            self.ctx.seq_cp(src, seq, 0, start + len(tokens) - 1)
+            self.ctx.seq_cp(src, seq, 0, _pos(node))
         self._seq[node] = seq
         self._tail[seq] = node
         return seq
+
+
+def _pos(node: Node) -> int:
+    """The position of a node's own cell."""
+    return node[0] + len(node[1]) - 1

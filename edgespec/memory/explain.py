@@ -278,8 +278,6 @@ def _drafts(c: _Context, choice: ShapeChoice) -> Decision:
     else:
         why = ("it drafts chains ahead during verification" if mode.overlap else
                "the target verifies on the CPU, where 64 rows cost ~20 one-row steps (benchmarks/RESULTS.md)")
-    if choice.traded:
-        why += f"; at the cost of {choice.traded}"
     return Decision("drafts", value, why + (f" ({' and '.join(asked)} as given)" if asked else ""))
 
 

@@ -347,8 +347,9 @@ def estimate_context(footprint: ModelFootprint, n_ctx: int, n_ubatch: int = 512,
     n_out = min(max(n_outputs, 1), ub)
     # llama.cpp reserves the larger of two graphs: a prompt batch (ub tokens rounded up to a
     # multiple of n_seq) and a generation step of one token per sequence (n_seq tokens and
-    # logits rows). The second dominates a tree search's context: 256 sequences over 64-token
-    # batches reserve 150 MiB for the 0.5B drafter, on the CPU and on CUDA alike.
+    # logits rows). The second dominates a context with many sequences: 256 over 64-token
+    # batches reserve 150 MiB for the 0.5B drafter (probed: 153,733 KiB), on the CPU and on
+    # CUDA alike, which is why the tree search holds no more than 64 (ModelDrafter.SEQUENCES).
     layer = _layer_stage(footprint, -(-ub // n_seq) * n_seq, cells, flash_attn)
     step = max(_layer_stage(footprint, n_seq, cells, flash_attn), _logits_stage(footprint, n_seq, n_seq))
     reserved = max(layer, _logits_stage(footprint, min(out_max, ub), ub), step)

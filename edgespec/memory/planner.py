@@ -231,7 +231,7 @@ class _Planner:
 
     def _drafter_ctx(self, cfg: _Cfg) -> ContextFootprint:
         """The context ModelDrafter declares it builds (its own cache type and micro-batch)."""
-        p = ModelDrafter.context_params(cfg.n_ctx, tree=self.draft_tree)
+        p = ModelDrafter.context_params(cfg.n_ctx)
         rows = MAX_TREE_NODES if self.draft_tree else 1  # a search round decodes at most a tree's nodes
         return estimate_context(self.d, p.n_ctx, p.n_ubatch, p.n_seq_max, p.kv_type,
                                 resolved_flash_attn(p.flash_attn), n_batch=p.n_batch, n_outputs=rows)
@@ -518,7 +518,6 @@ class ShapeChoice:
     asked: tuple[int | None, bool | None]  # (draft_max, draft_tree) as given; None: the default
     rejected: placements.DraftShape | None = None  # the placement's longer default, not taken ...
     given_way: str | None = None  # ... because it would cost this
-    traded: str | None = None  # what the longer shape, taken, cost
     plan: tuple | None = None  # (planner, best, evals) of the longer shape, when taken
     auto: bool = True  # the placement's longer default applies (`auto` only)
 
@@ -531,7 +530,7 @@ class ShapeChoice:
 def _longer_shape(search, best: _Eval, chains: placements.DraftShape, draft_max: int | None,
                   draft_tree: bool | None) -> ShapeChoice:
     """The placement's default shape where it is longer than chains, in the best plan of that
-    shape that gives up at most one target layer on the GPU and nothing else (_given_way)."""
+    shape that gives up nothing (_given_way)."""
     asked = (draft_max, draft_tree)
     shape = placements.draft_shape(best.cfg.placement, draft_max, draft_tree, best.cfg.drafter == "gpu")
     if shape == chains:
@@ -545,8 +544,7 @@ def _longer_shape(search, best: _Eval, chains: placements.DraftShape, draft_max:
     if not kept:
         return ShapeChoice(chains, asked, shape, _given_way(best, top))
     e = min(kept, key=lambda e: (e.penalty, e.ram))
-    traded = "one target layer fewer on the GPU than chains" if e.ngl < best.ngl else None
-    return ShapeChoice(shape, asked, traded=traded, plan=(pl, e, evals))
+    return ShapeChoice(shape, asked, plan=(pl, e, evals))
 
 
 def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | None, where: str | None,
@@ -575,14 +573,12 @@ def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | 
 
 
 def _given_way(chains: _Eval, longer: _Eval) -> str | None:
-    """What the longer drafts' plan gives up against the chains' (None: nothing that matters).
-
-    One target layer may go: a tree search's drafter context reserves a graph of one token per
-    sequence (256), 150 MiB of VRAM for the 0.5B drafter, about one layer of a 7B. A layer of 29
-    is ~4% of a partly offloaded step, and the trees' replayed gain there is 16-30%
-    (benchmarks/RESULTS-gpu.md section 12)."""
-    if longer.ngl < chains.ngl - 1:
-        return f"{chains.ngl - longer.ngl} fewer target layers on the GPU"
+    """What the longer drafts' plan gives up against the chains' (None: nothing). A tree drafter
+    builds a chain drafter's context (ModelDrafter.SEQUENCES), so what may differ is the
+    target's: 64 verified rows instead of 33."""
+    if longer.ngl < chains.ngl:
+        lost = chains.ngl - longer.ngl
+        return f"{lost} fewer target layer{'s' if lost > 1 else ''} on the GPU"
     a, b = asdict(chains.cfg), asdict(longer.cfg)
     worse = [k for k in a if a[k] != b[k] and (k not in _BETTER or _BETTER[k](b[k]) < _BETTER[k](a[k]))]
     return ", ".join(f"{k.replace('_', ' ')} {b[k]} instead of {a[k]}" for k in worse) or None

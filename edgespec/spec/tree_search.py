@@ -11,8 +11,11 @@ one level deeper, so a tree of depth d takes at least d rounds, as a chain of d 
 decodes. The band keeps unlikely shallow nodes waiting while a confident chain grows, so most
 of them leave the top before anyone decodes them: with the real 0.5B drafter on code edits a
 63-node tree took ~115 expansions, and more than 255 when every unexpanded top node was
-expanded each round. ``max_expansions`` bounds the decodes (a drafter needs a sequence id per
-expansion); when it binds, the draft is the top-``budget`` of what was discovered.
+expanded each round. ``max_expansions`` bounds the decodes; when it binds, the draft is the
+top-``budget`` of what was discovered. A node that leaves the top-``budget`` never returns
+(discoveries only push it down) and takes its subtree with it, so no later round extends it:
+``forget`` hears of each expanded node as it leaves, and a drafter that frees their cells holds
+at most ``budget`` expanded nodes at any time, however many the search decodes.
 
 Trees are nested: the first ``b`` nodes of an exact top-``budget`` tree are the exact top-``b``
 tree, so one drafted tree tells what every smaller budget would have accepted (``accepted_by``).
@@ -63,10 +66,11 @@ class SearchResult:
 
 def best_first(root: Children, expand: Callable[[list[Path]], Sequence[Children]], budget: int,
                round_size: int | None = None, max_expansions: int = 255, min_logp: float = -np.inf,
-               band: float = BAND,
-               source: str = "model") -> SearchResult:
+               band: float = BAND, source: str = "model",
+               forget: Callable[[list[Path]], None] | None = None) -> SearchResult:
     """The top-``budget`` tree under ``root``'s children (see the module docstring); nodes whose
-    path log-probability is below ``min_logp`` are never drafted (the tree may be smaller)."""
+    path log-probability is below ``min_logp`` are never drafted (the tree may be smaller);
+    ``forget(paths)``: expanded nodes that left the top, before each round."""
     paths: list[Path] = []
     scores: list[float] = []
     parents: list[int] = []
@@ -85,8 +89,13 @@ def best_first(root: Children, expand: Callable[[list[Path]], Sequence[Children]
 
     discover(-1, root)
     rounds = expansions = 0
+    held: set[int] = set()  # expanded nodes not yet forgotten
     while True:
         top = np.lexsort((np.arange(len(scores)), -np.asarray(scores)))[:budget].tolist()
+        gone = held.difference(top)
+        if gone and forget is not None:
+            forget([paths[i] for i in sorted(gone)])
+        held -= gone
         todo = [i for i in top if not expanded[i]]
         if todo:  # the best unexpanded node comes first in ``top``
             todo = [i for i in todo if scores[i] >= scores[todo[0]] + band]
@@ -95,6 +104,7 @@ def best_first(root: Children, expand: Callable[[list[Path]], Sequence[Children]
             break
         for i, children in zip(todo, expand([paths[i] for i in todo])):
             expanded[i] = True
+            held.add(i)
             discover(i, children)
         rounds += 1
         expansions += len(todo)
