@@ -1,7 +1,11 @@
-"""The offloaded 7B's default plan against the chains plan it replaces: `auto` drafting trees of
-up to 63 nodes beside a target left 3 GPU layers (the tree search's context takes the fourth),
-`auto` drafting chains of 32 beside 4 layers, both over plain decoding of the 4-layer plan.
-Curves of both layouts measured on one H100 machine (benchmarks/device/run.sh beside).
+"""The offloaded 7B (a third of its weights + 256 MiB of VRAM) under three plans, all over plain
+decoding of the 4-layer plan: `auto` drafting chains of 32 beside 4 GPU layers; `auto` drafting
+trees of up to 63 nodes beside 3 layers, where a search that held every node it decoded
+(256 sequences) left the target; and the same trees beside 4 layers, where a search that frees
+what leaves its top (64 sequences, the chain drafter's context) leaves it: today's default.
+Curves of both layouts measured in one call on one H100 machine (benchmarks/device/run.sh
+beside), three such calls: a table per call, and one on each layout's median curve (per batch
+size, the median of the three calls' medians).
 
     .venv/bin/python benchmarks/replay/default_shape.py
 """
@@ -10,26 +14,54 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from heldout import overall
-from simulate import load_costs, load_traces
+import json
+import statistics
 
-CHAINS, TREES = "offload-7b-beside-drafter-2", "offload-7b-beside-tree-drafter"
+from heldout import overall
+from simulate import DEVICE_CURVES, load_costs, load_traces
+
+from edgespec.bench import replay as rp
+
+# (4 GPU layers, 3 GPU layers) beside the drafter, each pair measured in one call
+SAMPLES = (("offload-7b-beside-drafter-2", "offload-7b-beside-tree-drafter"),
+           ("offload-7b-beside-drafter-3", "offload-7b-beside-tree-drafter-3"),
+           ("offload-7b-beside-drafter-4", "offload-7b-beside-tree-drafter-4"))
 TRACES = (("code-edit", 256), ("code-edit-validation-16", 256), ("specbench-30", 128), ("specbench-30-validate", 128))
 
 
-def tokens_per_s(trace, config: str, costs: str, max_tokens: int) -> float:
-    return overall(trace, config, replace(load_costs(costs), node_s=0.59e-3), max_tokens=max_tokens)["tokens_per_s"]
+MEDIAN = "median"
+
+
+def costs_of(name: str | tuple[str, ...]) -> rp.MachineCosts:
+    """A placement's costs, or the median of several curves of one layout (a tuple of names)."""
+    if isinstance(name, str):
+        return load_costs(name)
+    curves = json.loads(DEVICE_CURVES.read_text())
+    entries = [curves[f"curve-{n}.json"] for n in name]
+    median = {"curve": [{"n": n, "ms": statistics.median(p["ms"] for e in entries for p in e["curve"] if p["n"] == n)}
+                        for n in sorted({p["n"] for p in entries[0]["curve"]})],
+              **{k: statistics.median(e[k] for e in entries) for k in ("chain_ms_per_token", "prefill_512_ms")}}
+    return rp.costs_from_device_curves({"curve-median.json": median, **curves}, MEDIAN, "gpu-0.5b", MEDIAN)
+
+
+def tokens_per_s(trace, config: str, costs, max_tokens: int) -> float:
+    return overall(trace, config, replace(costs_of(costs), node_s=0.59e-3), max_tokens=max_tokens)["tokens_per_s"]
 
 
 def main() -> None:
     logging.basicConfig(level=logging.ERROR)
-    print("| trace (tokens) | plain, 4 layers tok/s | `auto` chains, 4 layers | `auto` trees, 3 layers (default) |")
-    print("|---|---|---|---|")
-    for name, n in TRACES:
-        trace, = load_traces(name)
-        plain = tokens_per_s(trace, "plain", CHAINS, n)
-        chains, trees = tokens_per_s(trace, "auto", CHAINS, n), tokens_per_s(trace, "auto-tree", TREES, n)
-        print(f"| {name} ({n}) | {plain:.2f} | {chains / plain:.2f}x | {trees / plain:.2f}x |")
+    traces = [(name, load_traces(name)[0], n) for name, n in TRACES]
+    for four, three in SAMPLES + (tuple(zip(*SAMPLES)),):
+        print(f"\n{four} / {three}\n" if isinstance(four, str) else "\nmedian curves of the three calls\n")
+        print("| trace (tokens) | plain, 4 layers tok/s | `auto` chains, 4 layers | `auto` trees, 3 layers "
+              "| `auto` trees, 4 layers (default) |")
+        print("|---|---|---|---|---|")
+        for name, trace, n in traces:
+            plain = tokens_per_s(trace, "plain", four, n)
+            ratios = [tokens_per_s(trace, config, costs, n) / plain
+                      for config, costs in (("auto", four), ("auto-tree", three), ("auto-tree", four))]
+            print(f"| {name} ({n}) | {plain:.2f} | "
+                  + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
 
 
 if __name__ == "__main__":

@@ -33,10 +33,14 @@ PLACEMENTS = {
     "offload-7b-ngl11": ("offload-7b-ngl11", "gpu-0.5b"),
     # 4 layers: what the planner leaves the 7B when the drafter shares the third (engine_modes.py)
     "offload-7b-beside-drafter": ("offload-7b-beside-drafter", "gpu-0.5b"),
-    # the same 4 layers and the 3 the planner leaves beside a tree drafter (its context reserves
-    # 150 MiB more), measured on one H100 machine on 2026-11-27 (RESULTS-gpu.md section 12)
+    # the same 4 layers and the 3 the planner left beside a 256-sequence tree drafter (150 MiB
+    # more), measured in one call on one H100 machine each (RESULTS-gpu.md sections 12 and 13)
     "offload-7b-beside-drafter-2": ("offload-7b-beside-drafter-2", "gpu-0.5b"),
     "offload-7b-beside-tree-drafter": ("offload-7b-beside-tree-drafter", "gpu-0.5b"),
+    "offload-7b-beside-drafter-3": ("offload-7b-beside-drafter-3", "gpu-0.5b"),
+    "offload-7b-beside-tree-drafter-3": ("offload-7b-beside-tree-drafter-3", "gpu-0.5b"),
+    "offload-7b-beside-drafter-4": ("offload-7b-beside-drafter-4", "gpu-0.5b"),
+    "offload-7b-beside-tree-drafter-4": ("offload-7b-beside-tree-drafter-4", "gpu-0.5b"),
     "offload-7b-no-op-offload": ("offload-7b-no-op-offload", "gpu-0.5b"),
     "draft-gpu-7b": ("cpu-7b", "gpu-0.5b"),  # Dovetail: target on the CPU, drafter on the GPU
     "draft-gpu-1.5b": ("cpu-1.5b", "gpu-0.5b"),

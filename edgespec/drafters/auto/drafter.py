@@ -58,17 +58,21 @@ class AutoDrafter:
     name = NAME
 
     def __init__(self, suffix, cost: CostModel, model=None, probe_every: int = 32, memory=None,
-                 model_name: str | None = None, clock: Callable[[], float] = time.perf_counter):
+                 model_name: str | None = None, clock: Callable[[], float] = time.perf_counter,
+                 trees: bool = True, sits_out: str | None = None):
         """``memory`` (edgespec.drafters.auto.memory.PolicyMemory): what earlier requests on this
         placement learned, restored here and kept after each request; ``model_name`` names the
         drafter model's acceptance in it; ``clock`` times the drafter model's drafting (its sync
-        with the emitted tokens included), seconds."""
+        with the emitted tokens included), seconds; ``trees``: whether a tree drafter may draft
+        trees this request; ``sits_out``: a name in ``memory`` this request counts as left out
+        (trees that measured a loss, while the drafter drafts chains: select.tree_or_chains)."""
         self.clock = clock
         self.suffix = suffix
         self.model = model
         self.cost = cost
         self.probe_every = probe_every
         self.memory, self.model_name = memory, model_name
+        self.trees, self.sits_out = trees, sits_out
         # One calibration per match-length class: a continuation seen after a 1-token match is
         # a guess, after a 20-token match it is usually a copy, whatever the index's counts say.
         self.suffix_calibration = {c: TreeDepthCalibration(max_depth=64, prior=0.5) for c in MATCH_CLASSES}
@@ -110,6 +114,8 @@ class AutoDrafter:
             confidence = self.confidence.state() if self.model is not None else None
             gain = self.model_gain.state() if self.model is not None and self.model_gain is not None else None
             self.memory.save(suffix, self.model_name, model, confidence, gain)
+            if self.sits_out is not None:
+                self.memory.left_out(self.sits_out)
 
     def _restore(self, state: dict) -> None:
         from edgespec.drafters.auto.memory import CARRY_WEIGHT, saved_gain
@@ -188,7 +194,7 @@ class AutoDrafter:
         """The best-first tree size this step (0: none) and its expected tokens/s, where the
         drafter model can draft trees (``--draft-tree``; TreeSizes learns what each size accepts)."""
         sizes = getattr(self.model, "sizes", None)
-        if not (self._greedy and getattr(self.model, "tree", False)) or sizes is None:
+        if not (self.trees and self._greedy and getattr(self.model, "tree", False)) or sizes is None:
             return 0, 0.0
         size = sizes.choose(self.cost, budget)
         if not size:

@@ -34,6 +34,15 @@ def drafter_key(drafter_path, tree: bool = False) -> str:
     return Path(drafter_path).name + ("+tree" if tree else "")
 
 
+def chains_instead(drafter_path, tree_name: str) -> tuple[str, bool, str]:
+    """Where trees measured no gain: the drafter drafts chains under its chain name, trees sit
+    the request out (name, trees, sits_out). A tree step's loss says nothing of a chain's:
+    replayed on the Spec-Bench tuning questions beside the 4-layer offloaded 7B (one of three
+    H100 curves of it), leaving the whole drafter out gave 1.30x against chains' 1.54x, drafting
+    chains instead 1.53x (benchmarks/RESULTS-gpu.md section 13)."""
+    return drafter_key(drafter_path), False, tree_name
+
+
 def saved_gain(state: dict, drafter: str) -> list[float] | None:
     """``drafter``'s measured gain ([num, den]) in a loaded memory state, or None where there is
     none worth reading (never measured, or malformed)."""
