@@ -188,29 +188,33 @@ def test_hybrid_takes_the_cheaper_runtime_of_its_drafter_model(tmp_path):
 
 
 def test_trees_that_measured_a_loss_leave_the_drafter_drafting_chains(tmp_path):
-    """chains_instead: where the tree name's gain is a clear loss and chains' is unmeasured,
-    `auto` keeps the drafter for chains (its prior pays at these costs), drafts no tree, and
-    counts the request as one the trees sat out (so they are measured again: REPROBE_AFTER)."""
+    """draft_shape_name, asked at every request: where the tree name measured a loss and the
+    chain name nothing, `auto` loads the drafter for chains (their prior pays at these costs),
+    drafts no tree, and counts each request as one the trees sat out; the same AutoDrafter (an
+    Engine serves many requests) drafts trees again once their re-probe is due."""
     from edgespec.bench.replay import MachineCosts, ReplaySettings, _auto, curve
-    from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
-
-    costs = MachineCosts("offload-like", ((512, VERIFY),), curve({1: 2.0, 8: 3.0, 64: 8.0}, 1e-3))
-    memory = PolicyMemory(tmp_path, "replay")
-    tree_name = drafter_key("model", True)
-    memory.save({}, tree_name, [[1.0, 1.0]], gain_state=[50.0, 100.0])
+    from edgespec.drafters.auto.memory import REPROBE_AFTER, PolicyMemory, drafter_key
     from edgespec.drafters.auto.policy import TreeSizes
     from edgespec.drafters.model import TREE_SIZES
 
+    costs = MachineCosts("offload-like", ((512, VERIFY),), curve({1: 2.0, 8: 3.0, 64: 8.0}, 1e-3))
+    memory = PolicyMemory(tmp_path, "replay")
+    trees, chains = drafter_key("model", True), drafter_key("model")
+    memory.save({}, trees, [[1.0, 1.0]], gain_state=[95.0, 100.0])  # a loss within 1/sqrt(100)
     model = _Closable("model", [])
     model.tree, model.sizes = True, TreeSizes(TREE_SIZES)
     auto = _auto(model, None, costs, ReplaySettings(draft_max=63), memory, tree=True)
-    assert auto.model is model and auto.model_name == drafter_key("model") and not auto.trees
-    assert auto._tree_choice(63) == (0, 0.0)
+    for k in range(REPROBE_AFTER):
+        auto.begin([1, 2, 3])
+        assert auto.model is model and auto.model_name == chains and not auto.trees, k
+        assert auto._tree_choice(63) == (0, 0.0)
+        auto.end()
+        assert memory.load()["sat_out"] == {trees: k + 1, chains: 0}
+    auto.begin([1, 2, 3])  # the trees' re-probe is due
+    assert auto.model_name == trees and auto.trees and auto._tree_choice(63)[0] > 0
     auto.end()
-    state = memory.load()
-    assert state["sat_out"] == {tree_name: 1, drafter_key("model"): 0}
-    # trees that pay keep trees
-    memory.save({}, tree_name, [[1.0, 1.0]], gain_state=[150.0, 100.0])
+    assert memory.load()["sat_out"] == {trees: 0, chains: 0}
+    memory.save({}, trees, [[1.0, 1.0]], gain_state=[150.0, 100.0])  # trees that pay keep trees
     auto = _auto(model, None, costs, ReplaySettings(draft_max=63), memory, tree=True)
-    assert auto.model is model and auto.model_name == tree_name and auto.trees and auto.sits_out is None
-    assert auto._tree_choice(63)[0] > 0  # the same drafter, trees on: a size is chosen
+    auto.begin([1, 2, 3])
+    assert auto.model is model and auto.model_name == trees and auto.trees and auto.sits_out is None

@@ -140,3 +140,37 @@ def test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read(mod
     _count_left_out(beside, beside, target, drafter, home)  # the same key: its AutoDrafter counts
     state = PolicyMemory(home.home, _target_key(beside, target)).load()
     assert state["sat_out"] == {drafter_key(drafter, beside.draft_tree): 1}
+
+
+def test_a_planned_load_keeps_a_drafter_whose_trees_lost_for_its_chains(model_path, tmp_path):
+    """auto_skips_drafter asks the name `auto` will draft under (draft_shape_name): trees that
+    measured a loss leave the drafter its chains, which carry their own gain; chains that lost
+    too leave it out."""
+    import json
+
+    from edgespec.drafters.auto.calibrate import calibration_key, draft_path, verify_path
+    from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
+    from edgespec.drafters.model import ModelDrafter
+    from edgespec.files.store import ModelStore
+    from edgespec.llama.backend import default_threads
+    from edgespec.memory.budget import _target_key, auto_skips_drafter, drafter_model_params
+    from test_planner import GiB, MiB, gpu_machine
+
+    target, drafter = str(model_path(TARGET)), str(model_path(DRAFTER))
+    t, d = planner.estimate_model(target), planner.estimate_model(drafter)
+    plan = planner.make_plan(t, d, 8 * GiB, 1500 * MiB, 4096, machine_info=gpu_machine(16 * GiB))
+    assert plan.draft_tree
+    store = ModelStore(tmp_path)
+    key = _target_key(plan, target)
+    verify_path(store.home, key).parent.mkdir(parents=True, exist_ok=True)
+    verify_path(store.home, key).write_text(json.dumps({"batch_sizes": [1, 8, 64], "verify_s": [0.1, 0.11, 0.2]}))
+    dkey = calibration_key(drafter, drafter_model_params(plan), plan.threads or default_threads(),
+                           ModelDrafter.context_params(plan.n_ctx).flash_attn)
+    draft_path(store.home, dkey).write_text(json.dumps({"draft_token_s": 0.002}))
+    memory = PolicyMemory(store.home, key)
+    skips = lambda: auto_skips_drafter(plan, target, drafter, store, plan.draft_max, plan.draft_tree)  # noqa: E731
+    assert skips() is None  # nothing measured: the prior pays at 2 ms a token
+    memory.save({}, drafter_key(drafter, True), [[1.0, 1.0]], gain_state=[50.0, 100.0])
+    assert skips() is None  # trees lost: chains, unmeasured, still pay
+    memory.save({}, drafter_key(drafter), [[1.0, 1.0]], gain_state=[50.0, 100.0])
+    assert "not loaded" in skips()

@@ -44,7 +44,7 @@ from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.tokens import common_prefix
 from edgespec.drafters import suffix_drafter
 from edgespec.drafters.auto.drafter import AutoDrafter
-from edgespec.drafters.auto.memory import PolicyMemory, chains_instead, drafter_key
+from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.auto.select import pays
 from edgespec.drafters.hybrid import HybridDrafter
@@ -546,17 +546,13 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
 def _auto(model, ledger: Ledger, costs: MachineCosts, settings: ReplaySettings, memory,
           tree: bool = False) -> AutoDrafter:
     """`auto` over the trace's drafter model (None: none recorded), loaded only where the load
-    rule says; what it learns is kept under the drafter's name for its mode (drafter_key); where trees
-    measured a loss it drafts chains (chains_instead)."""
-    name, trees, sits_out = drafter_key("model", tree), tree, None
-    can = model is not None and costs.drafter is not None
-    loads = can and auto_loads(costs, settings, memory, name)
-    if can and tree and not loads:
-        name, trees, sits_out = chains_instead("model", name)
-        loads = auto_loads(costs, settings, memory, name)
+    rule says; what it learns is kept under the drafter's name for its shape (draft_shape_name:
+    chains where trees measured a loss)."""
+    name = draft_shape_name(memory, "model", tree)[0]
+    loads = model is not None and costs.drafter is not None and auto_loads(costs, settings, memory, name)
     return AutoDrafter(suffix_drafter(settings.draft_max), costs.policy_model(), model=model if loads else None,
                        memory=memory, model_name=name if memory is not None else None, clock=lambda: ledger.seconds,
-                       trees=trees, sits_out=sits_out if memory is not None else None)
+                       shape=(lambda: draft_shape_name(memory, "model", tree)) if memory is not None else None)
 
 
 def auto_loads(costs: MachineCosts, settings: ReplaySettings, memory=None, name: str = "model") -> bool:

@@ -216,7 +216,7 @@ def _build_hybrid(cfg, model, suffix, target_ctx, store):
 def _build_auto(cfg, target, suffix, target_ctx, store, shared_model=None):
     from edgespec.drafters.auto import AutoDrafter
     from edgespec.drafters.auto.calibrate import context_key, verify_costs
-    from edgespec.drafters.auto.memory import PolicyMemory, chains_instead, drafter_key
+    from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
     from edgespec.drafters.auto.select import choose
 
     if target_ctx is None:
@@ -224,18 +224,15 @@ def _build_auto(cfg, target, suffix, target_ctx, store, shared_model=None):
     verify = verify_costs(target_ctx, store.home, cfg.calibration_tag, largest=cfg.draft_max + 1)
     memory = PolicyMemory(store.home, context_key(target_ctx, cfg.calibration_tag))
     path = drafter_model_path(cfg.kind, cfg.draft_model, target.file.fingerprint, store)
-    name = drafter_key(path, cfg.tree) if path is not None else None
-    options = drafter_options(cfg, target, store, path, shared_model) if path is not None else []
-    learned = memory.drafter_gain(name) if name else None
-    model, draft_s = choose(options, verify, store.home, cfg.draft_max, learned)
-    trees, sits_out = cfg.tree, None
-    if model is None and cfg.tree and name is not None:
-        name, trees, sits_out = chains_instead(path, name)
-        model, draft_s = choose(options, verify, store.home, cfg.draft_max, memory.drafter_gain(name))
-    if trees and model is not None and getattr(model, "sizes", None) is None:
+    if path is None:
+        return AutoDrafter(suffix, verify, memory=memory)
+    name = draft_shape_name(memory, path, cfg.tree)[0]  # chains where trees measured a loss
+    options = drafter_options(cfg, target, store, path, shared_model)
+    model, draft_s = choose(options, verify, store.home, cfg.draft_max, memory.drafter_gain(name))
+    if cfg.tree and model is not None and getattr(model, "sizes", None) is None:
         log.info("auto: the %s drafter drafts chains only; --draft-tree needs llama.cpp's", model.name)
     return AutoDrafter(suffix, replace(verify, draft_token_s=draft_s), model=model, memory=memory, model_name=name,
-                       trees=trees, sits_out=sits_out)
+                       shape=lambda: draft_shape_name(memory, path, cfg.tree))
 
 
 def drafter_options(cfg: DraftConfig, target: LlamaModel, store: ModelStore, path: Path,

@@ -40,7 +40,9 @@ TREE_SIZES = (3, 7, 15, 31, 63)  # the sizes a tree policy chooses from (edgespe
 # A search decodes more nodes than its tree holds (the exact 63-node tree took more than 63
 # expansions at 76% of the code-edit positions, 106 on average) but holds at most its budget
 # of them at once (tree_search's ``forget``): a sequence per held node and one for the context,
-# the same context a chain drafter builds.
+# the same context a chain drafter builds. The decodes stay capped where the recorded traces
+# were searched (replay_trees.record_trees): with no cap, a search expanded more than 255 when
+# every unexpanded top node went each round (tree_search's band).
 MAX_EXPANSIONS = 255
 SEQUENCES = MAX_TREE_NODES + 1
 

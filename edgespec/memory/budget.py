@@ -174,11 +174,13 @@ def _count_left_out(skipped: planner.Plan, plan: planner.Plan, target_path: str,
     """Counts the drafter as left out (REPROBE_AFTER) under the key the load rule read, when the
     target planned without it learns under another one (more GPU layers, another shape) and its
     AutoDrafter therefore cannot."""
-    from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
+    from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
 
-    read = (_target_key(skipped, target_path), drafter_key(drafter_path, skipped.draft_tree))
-    if read != (_target_key(plan, target_path), drafter_key(drafter_path, plan.draft_tree)):
-        PolicyMemory(store.home, read[0]).left_out(read[1])
+    memory = PolicyMemory(store.home, _target_key(skipped, target_path))
+    read = (memory, draft_shape_name(memory, drafter_path, skipped.draft_tree)[0])
+    new = PolicyMemory(store.home, _target_key(plan, target_path))
+    if (read[0].path, read[1]) != (new.path, draft_shape_name(new, drafter_path, plan.draft_tree)[0]):
+        memory.left_out(read[1])
 
 
 def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, store: ModelStore,
@@ -186,7 +188,7 @@ def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, 
     """Why `auto` will not load the drafter model this plan places, from this placement's cached
     calibration (edgespec.drafters.auto.select), or None when it may (or nothing is measured)."""
     from edgespec.drafters.auto.calibrate import cached_draft_cost, cached_verify, calibration_key
-    from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
+    from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
     from edgespec.drafters.auto.select import no_gain, pays
     from edgespec.drafters.model import ModelDrafter
     from edgespec.llama.backend import default_threads
@@ -196,7 +198,8 @@ def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, 
     verify = cached_verify(store.home, target_key)
     cost = cached_draft_cost(store.home, calibration_key(drafter_path, drafter_model_params(plan), threads,
                                                          ModelDrafter.context_params(plan.n_ctx).flash_attn))
-    learned = PolicyMemory(store.home, target_key).drafter_gain(drafter_key(drafter_path, draft_tree))
+    memory = PolicyMemory(store.home, target_key)
+    learned = memory.drafter_gain(draft_shape_name(memory, drafter_path, draft_tree)[0])
     if verify is None or cost is None or pays(verify, cost, draft_max, learned):
         return None
     return (f"auto: the drafter model is not loaded: calibrated here, a drafted token costs "

@@ -261,7 +261,7 @@ def _drafter_model(c: _Context) -> Decision:
 
 
 def _drafts(c: _Context, choice: ShapeChoice) -> Decision:
-    """The draft shape: the placement's default, what it cost, or why the longer one was not taken."""
+    """The draft shape: the placement's default, as given, or why the longer one was not taken."""
     shape, cfg, rejected = choice.shape, c.e.cfg, choice.rejected
     value = f"up to {shape.draft_max} tokens" + (", trees (greedy)" if shape.tree else "")
     mode = placements.MODES[cfg.placement]

@@ -59,20 +59,20 @@ class AutoDrafter:
 
     def __init__(self, suffix, cost: CostModel, model=None, probe_every: int = 32, memory=None,
                  model_name: str | None = None, clock: Callable[[], float] = time.perf_counter,
-                 trees: bool = True, sits_out: str | None = None):
+                 shape: Callable[[], tuple[str, bool, str | None]] | None = None):
         """``memory`` (edgespec.drafters.auto.memory.PolicyMemory): what earlier requests on this
         placement learned, restored here and kept after each request; ``model_name`` names the
         drafter model's acceptance in it; ``clock`` times the drafter model's drafting (its sync
-        with the emitted tokens included), seconds; ``trees``: whether a tree drafter may draft
-        trees this request; ``sits_out``: a name in ``memory`` this request counts as left out
-        (trees that measured a loss, while the drafter drafts chains: select.tree_or_chains)."""
+        with the emitted tokens included), seconds; ``shape``: asked at every request, the name
+        the drafter model learns under, whether it may draft trees and the name that sits the
+        request out (memory.draft_shape_name: chains where trees measured a loss)."""
         self.clock = clock
         self.suffix = suffix
         self.model = model
         self.cost = cost
         self.probe_every = probe_every
-        self.memory, self.model_name = memory, model_name
-        self.trees, self.sits_out = trees, sits_out
+        self.memory, self.model_name, self.shape = memory, model_name, shape
+        self.trees, self.sits_out = True, None
         # One calibration per match-length class: a continuation seen after a 1-token match is
         # a guess, after a 20-token match it is usually a copy, whatever the index's counts say.
         self.suffix_calibration = {c: TreeDepthCalibration(max_depth=64, prior=0.5) for c in MATCH_CLASSES}
@@ -103,6 +103,19 @@ class AutoDrafter:
         self.suffix.begin(prompt, sampling=sampling, rng=rng)
         if self.model is not None:
             self.model.begin(prompt, sampling=sampling, rng=rng)
+            self._take_shape()
+
+    def _take_shape(self) -> None:
+        """Trees or chains this request (``shape``); what the drafter learned under another name
+        is restored when the name changes."""
+        if self.shape is None:
+            return
+        name, self.trees, self.sits_out = self.shape()
+        if name != self.model_name and self.memory is not None:
+            self.model_name = name
+            self.model_acceptance, self.confidence, self.model_gain = DepthAcceptance(prior=MODEL_PRIOR), \
+                ConfidenceCalibration(), None
+            self._restore_model(self.memory.load())
 
     def end(self) -> None:
         self.suffix.end()
@@ -118,11 +131,16 @@ class AutoDrafter:
                 self.memory.left_out(self.sits_out)
 
     def _restore(self, state: dict) -> None:
-        from edgespec.drafters.auto.memory import CARRY_WEIGHT, saved_gain
+        from edgespec.drafters.auto.memory import CARRY_WEIGHT
 
         for c, saved in state.get("suffix", {}).items():
             if c.isdigit() and int(c) in self.suffix_calibration:
                 self.suffix_calibration[int(c)].restore(saved, CARRY_WEIGHT)
+        self._restore_model(state)
+
+    def _restore_model(self, state: dict) -> None:
+        from edgespec.drafters.auto.memory import CARRY_WEIGHT, saved_gain
+
         saved = state.get("drafters", {}).get(self.model_name)
         if self.model is not None and saved:
             self.model_acceptance.restore(saved, CARRY_WEIGHT)

@@ -34,13 +34,22 @@ def drafter_key(drafter_path, tree: bool = False) -> str:
     return Path(drafter_path).name + ("+tree" if tree else "")
 
 
-def chains_instead(drafter_path, tree_name: str) -> tuple[str, bool, str]:
-    """Where trees measured no gain: the drafter drafts chains under its chain name, trees sit
-    the request out (name, trees, sits_out). A tree step's loss says nothing of a chain's:
-    replayed on the Spec-Bench tuning questions beside the 4-layer offloaded 7B (one of three
-    H100 curves of it), leaving the whole drafter out gave 1.30x against chains' 1.54x, drafting
-    chains instead 1.53x (benchmarks/RESULTS-gpu.md section 13)."""
-    return drafter_key(drafter_path), False, tree_name
+def draft_shape_name(memory: "PolicyMemory | None", drafter_path, tree: bool) -> tuple[str, bool, str | None]:
+    """How a drafter model drafts this request: (the name it learns under, whether it may draft
+    trees, the name that sits the request out). Trees where asked (``tree``) unless their name
+    measured a loss here; then chains, under the chain name, and the trees count a request left
+    out (REPROBE_AFTER). A tree step's loss says nothing of a chain's: replayed on the Spec-Bench
+    tuning questions beside the 4-layer offloaded 7B (one of three H100 curves of it), leaving the
+    whole drafter out gave 1.30x against chains' 1.54x, drafting chains instead 1.52x
+    (benchmarks/RESULTS-gpu.md section 13)."""
+    chains = drafter_key(drafter_path)
+    if not tree:
+        return chains, False, None
+    name = drafter_key(drafter_path, True)
+    gain = memory.drafter_gain(name) if memory is not None else None
+    if gain is None or gain[0] > gain[1]:
+        return name, True, None
+    return chains, False, name
 
 
 def saved_gain(state: dict, drafter: str) -> list[float] | None:
