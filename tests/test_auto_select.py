@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import SMALL
+
+from edgespec.decode.request import GenerationRequest
 from edgespec.drafters.auto.policy import CostModel, RatioEstimate
 from edgespec.drafters.auto.select import DrafterOption, cheapest_paying, choose, pays
-from edgespec.decode.request import GenerationRequest
 from edgespec.engine import Engine, EngineConfig
 
 # A target whose verification grows slowly with the batch: 100 ms for one token, 104 for two.

@@ -10,10 +10,10 @@ import subprocess
 import sys
 import textwrap
 
-
 from conftest import DRAFTER, TARGET
-from edgespec.memory import planner
+
 from edgespec.files.modelfile import model_file
+from edgespec.memory import planner
 
 SCENARIO = textwrap.dedent('''
     import json, sys
@@ -124,10 +124,11 @@ def test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read(mod
     """auto_skips_drafter reads the drafter's measured gain under the key of the plan *with*
     it; the target planned anew without it (here 29 GPU layers instead of 18) learns under
     another, so the load counts the request under the first (REPROBE_AFTER), once."""
+    from test_planner import GiB, MiB, gpu_machine
+
     from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
     from edgespec.files.store import ModelStore
     from edgespec.memory.budget import _count_left_out, _target_key
-    from test_planner import GiB, MiB, gpu_machine
 
     target, drafter = str(model_path(TARGET)), str(model_path(DRAFTER))
     t, d = planner.estimate_model(target), planner.estimate_model(drafter)
@@ -148,13 +149,22 @@ def test_a_planned_load_keeps_a_drafter_whose_trees_lost_for_its_chains(model_pa
     too leave it out."""
     import json
 
-    from edgespec.drafters.auto.calibrate import calibration_key, draft_path, verify_path
+    from test_planner import GiB, MiB, gpu_machine
+
+    from edgespec.drafters.auto.calibrate import (
+        calibration_key,
+        draft_path,
+        verify_path,
+    )
     from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
     from edgespec.drafters.model import ModelDrafter
     from edgespec.files.store import ModelStore
     from edgespec.llama.backend import default_threads
-    from edgespec.memory.budget import _target_key, auto_skips_drafter, drafter_model_params
-    from test_planner import GiB, MiB, gpu_machine
+    from edgespec.memory.budget import (
+        _target_key,
+        auto_skips_drafter,
+        drafter_model_params,
+    )
 
     target, drafter = str(model_path(TARGET)), str(model_path(DRAFTER))
     t, d = planner.estimate_model(target), planner.estimate_model(drafter)

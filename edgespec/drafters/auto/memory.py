@@ -34,7 +34,7 @@ def drafter_key(drafter_path, tree: bool = False) -> str:
     return Path(drafter_path).name + ("+tree" if tree else "")
 
 
-def draft_shape_name(memory: "PolicyMemory | None", drafter_path, tree: bool) -> tuple[str, bool, str | None]:
+def draft_shape_name(memory: PolicyMemory | None, drafter_path, tree: bool) -> tuple[str, bool, str | None]:
     """How a drafter model drafts this request: (the name it learns under, whether it may draft
     trees, the name that sits the request out). Trees where asked (``tree``) unless their name
     measured a loss here; then chains, under the chain name, and the trees count a request left
