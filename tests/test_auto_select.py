@@ -215,6 +215,23 @@ def test_trees_that_measured_a_loss_leave_the_drafter_drafting_chains(tmp_path):
     auto.end()
     assert memory.load()["sat_out"] == {trees: 0, chains: 0}
     memory.save({}, trees, [[1.0, 1.0]], gain_state=[150.0, 100.0])  # trees that pay keep trees
+    memory.save({}, chains, [[1.0, 1.0]], gain_state=[30.0, 100.0])
     auto = _auto(model, None, costs, ReplaySettings(draft_max=63), memory, tree=True)
     auto.begin([1, 2, 3])
     assert auto.model is model and auto.model_name == trees and auto.trees and auto.sits_out is None
+    assert auto.model_gain.state()[0] > auto.model_gain.state()[1]  # what trees learned, restored
+    memory.save({}, trees, [[1.0, 1.0]], gain_state=[94.0, 100.0])  # trees lose: chains, restored
+    auto.end()  # (saves the trees' state this request learned: none)
+    memory.save({}, trees, [[1.0, 1.0]], gain_state=[94.0, 100.0])
+    auto.begin([1, 2, 3])
+    assert auto.model_name == chains and not auto.trees
+    assert auto.model_gain.state()[0] < 0.5 * auto.model_gain.state()[1]
+    auto.end()
+
+    # Chains lost too: no drafter is loaded, and the trees' sit-out is still counted.
+    sat = memory.load()["sat_out"][trees]
+    auto = _auto(model, None, costs, ReplaySettings(draft_max=63), memory, tree=True)
+    assert auto.model is None
+    auto.begin([1, 2, 3])
+    auto.end()
+    assert memory.load()["sat_out"][trees] == sat + 1

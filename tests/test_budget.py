@@ -139,8 +139,13 @@ def test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read(mod
     home = ModelStore(tmp_path)
     _count_left_out(beside, alone, target, drafter, home)
     _count_left_out(beside, beside, target, drafter, home)  # the same key: its AutoDrafter counts
-    state = PolicyMemory(home.home, _target_key(beside, target)).load()
-    assert state["sat_out"] == {drafter_key(drafter, beside.draft_tree): 1}
+    memory = PolicyMemory(home.home, _target_key(beside, target))
+    assert memory.load()["sat_out"] == {drafter_key(drafter, beside.draft_tree): 1}
+    # Trees that measured a loss: the rule read the chain name, and the trees sat out too.
+    assert beside.draft_tree
+    memory.save({}, drafter_key(drafter, True), [[1.0, 1.0]], gain_state=[50.0, 100.0])
+    _count_left_out(beside, alone, target, drafter, home)
+    assert memory.load()["sat_out"] == {drafter_key(drafter, True): 1, drafter_key(drafter): 1}
 
 
 def test_a_planned_load_keeps_a_drafter_whose_trees_lost_for_its_chains(model_path, tmp_path):
@@ -184,3 +189,5 @@ def test_a_planned_load_keeps_a_drafter_whose_trees_lost_for_its_chains(model_pa
     assert skips() is None  # trees lost: chains, unmeasured, still pay
     memory.save({}, drafter_key(drafter), [[1.0, 1.0]], gain_state=[50.0, 100.0])
     assert "not loaded" in skips()
+    memory.save({}, drafter_key(drafter, True), [[1.0, 1.0]], gain_state=[150.0, 100.0])
+    assert skips() is None  # trees that pay: their name is the one read

@@ -171,16 +171,19 @@ def _target_key(plan: planner.Plan, target_path: str) -> str:
 
 def _count_left_out(skipped: planner.Plan, plan: planner.Plan, target_path: str, drafter_path: str,
                     store: ModelStore) -> None:
-    """Counts the drafter as left out (REPROBE_AFTER) under the key the load rule read, when the
-    target planned without it learns under another one (more GPU layers, another shape) and its
-    AutoDrafter therefore cannot."""
+    """Counts the drafter as left out (REPROBE_AFTER) under the key the load rule read, and its
+    trees where they sat out (draft_shape_name), when the target planned without it learns under
+    another key (more GPU layers, another shape) and its AutoDrafter therefore cannot."""
     from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
 
     memory = PolicyMemory(store.home, _target_key(skipped, target_path))
-    read = (memory, draft_shape_name(memory, drafter_path, skipped.draft_tree)[0])
+    name, _, trees_out = draft_shape_name(memory, drafter_path, skipped.draft_tree)
     new = PolicyMemory(store.home, _target_key(plan, target_path))
-    if (read[0].path, read[1]) != (new.path, draft_shape_name(new, drafter_path, plan.draft_tree)[0]):
-        memory.left_out(read[1])
+    new_name, _, new_out = draft_shape_name(new, drafter_path, plan.draft_tree)
+    if (memory.path, name) != (new.path, new_name):
+        memory.left_out(name)
+    if trees_out is not None and (memory.path, trees_out) != (new.path, new_out):
+        memory.left_out(trees_out)
 
 
 def auto_skips_drafter(plan: planner.Plan, target_path: str, drafter_path: str, store: ModelStore,

@@ -62,7 +62,7 @@ class AutoDrafter:
                  shape: Callable[[], tuple[str, bool, str | None]] | None = None):
         """``memory`` (edgespec.drafters.auto.memory.PolicyMemory): what earlier requests on this
         placement learned, restored here and kept after each request; ``model_name`` names the
-        drafter model's acceptance in it; ``clock`` times the drafter model's drafting (its sync
+        drafter model's acceptance in it (the first request's name; ``shape`` may change it); ``clock`` times the drafter model's drafting (its sync
         with the emitted tokens included), seconds; ``shape``: asked at every request, the name
         the drafter model learns under, whether it may draft trees and the name that sits the
         request out (memory.draft_shape_name: chains where trees measured a loss)."""
@@ -103,7 +103,7 @@ class AutoDrafter:
         self.suffix.begin(prompt, sampling=sampling, rng=rng)
         if self.model is not None:
             self.model.begin(prompt, sampling=sampling, rng=rng)
-            self._take_shape()
+        self._take_shape()  # without the model too: the trees' sit-out still counts
 
     def _take_shape(self) -> None:
         """Trees or chains this request (``shape``); what the drafter learned under another name
@@ -115,6 +115,7 @@ class AutoDrafter:
             self.model_name = name
             self.model_acceptance, self.confidence, self.model_gain = DepthAcceptance(prior=MODEL_PRIOR), \
                 ConfidenceCalibration(), None
+            self._steps_since_chain = 0
             self._restore_model(self.memory.load())
 
     def end(self) -> None:

@@ -90,8 +90,9 @@ class PolicyMemory:
         return None if 1.0 - gain[1] ** -0.5 < gain[0] / gain[1] < 1.0 else gain
 
     def left_out(self, drafter: str) -> None:
-        """Counts a load that left ``drafter`` out where no AutoDrafter of this placement will:
-        a planned load that dropped it and planned the target anew (edgespec.memory.budget)."""
+        """Counts a request that left ``drafter`` out where AutoDrafter.save does not: a planned
+        load that dropped it and planned the target anew (edgespec.memory.budget), and trees
+        sitting out while the drafter drafts chains (draft_shape_name, AutoDrafter.end)."""
         state = self.load()
         _sit_out(state, drafter, loaded=False)
         self._write(state)
