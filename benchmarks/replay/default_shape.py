@@ -11,16 +11,15 @@ layout's median curve (per batch size, the median of the seven).
 """
 from __future__ import annotations
 
+import json
 import logging
+import statistics
 from dataclasses import replace
 
-import json
-import statistics
+from edgespec.bench import replay as rp
 
 from heldout import overall
 from simulate import DEVICE_CURVES, load_costs, load_traces
-
-from edgespec.bench import replay as rp
 
 # (4 GPU layers, 3 GPU layers) beside the drafter, each pair measured in one call
 SAMPLES = (("offload-7b-beside-drafter-2", "offload-7b-beside-tree-drafter"),
