@@ -62,10 +62,11 @@ class AutoDrafter:
                  shape: Callable[[], tuple[str, bool, str | None]] | None = None):
         """``memory`` (edgespec.drafters.auto.memory.PolicyMemory): what earlier requests on this
         placement learned, restored here and kept after each request; ``model_name`` names the
-        drafter model's acceptance in it (the first request's name; ``shape`` may change it); ``clock`` times the drafter model's drafting (its sync
-        with the emitted tokens included), seconds; ``shape``: asked at every request, the name
-        the drafter model learns under, whether it may draft trees and the name that sits the
-        request out (memory.draft_shape_name: chains where trees measured a loss)."""
+        drafter model's acceptance in it (the first request's name; ``shape`` may change it);
+        ``clock`` times the drafter model's drafting (its sync with the emitted tokens included),
+        seconds; ``shape``: asked at every request, the name the drafter model learns under,
+        whether it may draft trees and the name that sits the request out
+        (memory.draft_shape_name: chains where trees measured a loss)."""
         self.clock = clock
         self.suffix = suffix
         self.model = model
@@ -76,15 +77,11 @@ class AutoDrafter:
         # One calibration per match-length class: a continuation seen after a 1-token match is
         # a guess, after a 20-token match it is usually a copy, whatever the index's counts say.
         self.suffix_calibration = {c: TreeDepthCalibration(max_depth=64, prior=0.5) for c in MATCH_CLASSES}
-        self.model_acceptance = DepthAcceptance(prior=MODEL_PRIOR)
-        self.confidence = ConfidenceCalibration()
+        self._fresh_model_state()
         self._greedy = True
         self._drafted: DraftTree | None = None  # the whole model chain of the current step
         self._chain_stop: ChainStop | None = None  # the stop rule of the chain being drafted
         self._floor = 0.0  # tokens/s of the best draft on offer besides the model's chain
-        # What the drafter model's steps emitted over what the suffix draft (or a plain step) was
-        # expected to emit in the same seconds: whether loading it pays here (select.pays).
-        self.model_gain: RatioEstimate | None = None  # from its prior at the first step's budget
         self._counterfactual = 0.0  # tokens/s expected of the current step without the model
         self._model_s: float | None = None  # seconds the model drafted this step (None: it did not)
         if memory is not None:
@@ -113,10 +110,17 @@ class AutoDrafter:
         name, self.trees, self.sits_out = self.shape()
         if name != self.model_name and self.memory is not None:
             self.model_name = name
-            self.model_acceptance, self.confidence, self.model_gain = DepthAcceptance(prior=MODEL_PRIOR), \
-                ConfidenceCalibration(), None
+            self._fresh_model_state()
             self._steps_since_chain = 0
             self._restore_model(self.memory.load())
+
+    def _fresh_model_state(self) -> None:
+        """What the drafter model's steps teach, before any (restored per name: _restore_model)."""
+        self.model_acceptance = DepthAcceptance(prior=MODEL_PRIOR)
+        self.confidence = ConfidenceCalibration()
+        # What the drafter model's steps emitted over what the suffix draft (or a plain step) was
+        # expected to emit in the same seconds: whether loading it pays here (select.pays).
+        self.model_gain: RatioEstimate | None = None  # from its prior at the first step's budget
 
     def end(self) -> None:
         self.suffix.end()
@@ -127,9 +131,7 @@ class AutoDrafter:
             model = self.model_acceptance.state() if self.model is not None else None
             confidence = self.confidence.state() if self.model is not None else None
             gain = self.model_gain.state() if self.model is not None and self.model_gain is not None else None
-            self.memory.save(suffix, self.model_name, model, confidence, gain)
-            if self.sits_out is not None:
-                self.memory.left_out(self.sits_out)
+            self.memory.save(suffix, self.model_name, model, confidence, gain, sits_out=self.sits_out)
 
     def _restore(self, state: dict) -> None:
         from edgespec.drafters.auto.memory import CARRY_WEIGHT

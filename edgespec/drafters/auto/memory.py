@@ -90,15 +90,18 @@ class PolicyMemory:
         return None if 1.0 - gain[1] ** -0.5 < gain[0] / gain[1] < 1.0 else gain
 
     def left_out(self, drafter: str) -> None:
-        """Counts a request that left ``drafter`` out where AutoDrafter.save does not: a planned
-        load that dropped it and planned the target anew (edgespec.memory.budget), and trees
-        sitting out while the drafter drafts chains (draft_shape_name, AutoDrafter.end)."""
+        """Counts a request that left ``drafter`` out where no AutoDrafter of this placement
+        will: a planned load that dropped it and planned the target anew (edgespec.memory.budget)."""
         state = self.load()
         _sit_out(state, drafter, loaded=False)
         self._write(state)
 
     def save(self, suffix: dict, drafter: str | None, drafter_state: list | None,
-             confidence_state: list | None = None, gain_state: list | None = None) -> None:
+             confidence_state: list | None = None, gain_state: list | None = None,
+             sits_out: str | None = None) -> None:
+        """One request's end: what it learned, under ``drafter`` (loaded when ``drafter_state``
+        is given), and ``sits_out`` counted as left out (trees while the drafter drafts chains:
+        draft_shape_name), in one write."""
         state = self.load()
         state["suffix"] = suffix
         if drafter is not None and drafter_state is not None:
@@ -109,6 +112,8 @@ class PolicyMemory:
             state.setdefault("gain", {})[drafter] = gain_state
         if drafter is not None:
             _sit_out(state, drafter, loaded=drafter_state is not None)
+        if sits_out is not None:
+            _sit_out(state, sits_out, loaded=False)
         self._write(state)
 
     def _write(self, state: dict) -> None:
