@@ -29,6 +29,7 @@ When package versions change, rerun it and check the new file in::
     .venv/bin/python benchmarks/make_code_edit.py            # writes benchmarks/code_edit.jsonl
     .venv/bin/python benchmarks/make_code_edit.py --check    # exit 1 if the file would change
     .venv/bin/python benchmarks/make_code_edit.py --validation   # benchmarks/code_edit_validation.jsonl
+    .venv/bin/python benchmarks/make_code_edit.py --test         # benchmarks/code_edit_test.jsonl
 
 Stdlib only.
 """
@@ -66,19 +67,28 @@ VALIDATION_PACKAGES = (
     "sniffio", "starlette", "uvicorn",
 )
 VALIDATION_OUT = OUT.with_name("code_edit_validation.jsonl")
+# The test suite (``--test``): distributions in neither list above, read once a policy is
+# settled on the tuning suite and the validation suite has been looked at.
+TEST_PACKAGES = (
+    "execnet", "matplotlib", "ml-dtypes", "onnxruntime", "pillow", "protobuf", "pytest-xdist",
+    "setuptools", "truststore", "typing-inspection",
+)
+TEST_OUT = OUT.with_name("code_edit_test.jsonl")
 # SPDX ids (or classifier names mapped to them) accepted as permissive.
 PERMISSIVE = {"MIT", "BSD", "BSD-2-Clause", "BSD-3-Clause", "0BSD", "Apache-2.0", "ISC", "Zlib",
-              "CC0-1.0", "PSF-2.0"}
+              "CC0-1.0", "PSF-2.0", "MIT-CMU"}
 _LICENSE_SPELLINGS = {
     "apache 2.0": "Apache-2.0", "apache-2.0": "Apache-2.0", "apache license 2.0": "Apache-2.0",
     "mit": "MIT", "mit license": "MIT", "isc license": "ISC", "isc": "ISC",
     "bsd-3-clause": "BSD-3-Clause", "bsd-2-clause": "BSD-2-Clause", "bsd": "BSD",
+    "3-clause bsd license": "BSD-3-Clause",
 }
 _CLASSIFIER_LICENSES = {
     "License :: OSI Approved :: MIT License": "MIT",
     "License :: OSI Approved :: BSD License": "BSD",
     "License :: OSI Approved :: Apache Software License": "Apache-2.0",
     "License :: OSI Approved :: ISC License (ISCL)": "ISC",
+    "License :: OSI Approved :: Python Software Foundation License": "PSF-2.0",
 }
 
 PER_CATEGORY = 12
@@ -507,10 +517,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="do not write; exit 1 when the output would differ from --out")
     ap.add_argument("--validation", action="store_true",
                     help=f"the validation suite from VALIDATION_PACKAGES (default out {VALIDATION_OUT})")
+    ap.add_argument("--test", action="store_true",
+                    help=f"the test suite from TEST_PACKAGES (default out {TEST_OUT})")
     args = ap.parse_args(argv)
     if args.validation:
         args.out = args.out or VALIDATION_OUT
         records = build(VALIDATION_PACKAGES, id_prefix="code-edit-v")
+    elif args.test:
+        args.out = args.out or TEST_OUT
+        records = build(TEST_PACKAGES, id_prefix="code-edit-t")
     else:
         args.out = args.out or OUT
         records = build()

@@ -56,12 +56,12 @@ def render_native_table(summary: dict) -> Table:
 
 @app.command()
 def bench(
-    suite: Optional[str] = typer.Option(None, "--suite", help="specbench | code-edit | code-edit-validation"),
+    suite: Optional[str] = typer.Option(None, "--suite", help="specbench | code-edit | code-edit-validation | code-edit-test"),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL prompt file (id, category, turns|prompt)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Prompts per category (deterministic)."),
     split: str = typer.Option("tune", "--split",
                               help="tune: the --limit prompts tuning used | validate: those halfway "
-                                   "between them (disjoint)."),
+                                   "between them | test: those a quarter of the way (all disjoint)."),
     configs: str = typer.Option("plain,suffix", "--configs",
                                 help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, onnx, peer:...; "
                                      "X+recheck: X re-checking near-ties at --recheck-gap."),

@@ -57,18 +57,27 @@ def test_validate_split_is_disjoint_from_the_tuning_picks():
     with pytest.raises(InvalidRequest, match="needs --limit"):
         select(code, None, "validate")
     with pytest.raises(InvalidRequest, match="--split must be one of"):
-        select(code, 3, "test")
+        select(code, 3, "holdout")
 
 
-def test_validation_suite_comes_from_other_packages():
-    tuned, fresh = load_suite("code-edit"), load_suite("code-edit-validation")
-    assert {p.category for p in fresh} == {p.category for p in tuned}
-    assert not {p.id for p in fresh} & {p.id for p in tuned}
-    rows = [json.loads(line) for path in ("code_edit.jsonl", "code_edit_validation.jsonl")
+def test_test_split_is_disjoint_from_both_others():
+    specbench = load_suite("specbench")
+    picks = [{p.id for p in select(specbench, 5, split)} for split in ("tune", "validate", "test")]
+    assert [len(p) for p in picks] == [30, 30, 30]
+    assert not picks[0] & picks[2] and not picks[1] & picks[2]
+    with pytest.raises(InvalidRequest, match="--split test needs --limit <= 3"):
+        select(load_suite("code-edit"), 4, "test")  # 12 per category: a quarter-step of 3 or more
+
+
+def test_validation_and_test_suites_come_from_other_packages():
+    tuned, fresh, test = load_suite("code-edit"), load_suite("code-edit-validation"), load_suite("code-edit-test")
+    assert {p.category for p in fresh} == {p.category for p in tuned} == {p.category for p in test}
+    assert len({p.id for p in tuned} | {p.id for p in fresh} | {p.id for p in test}) == len(tuned + fresh + test)
+    rows = [json.loads(line) for path in ("code_edit.jsonl", "code_edit_validation.jsonl", "code_edit_test.jsonl")
             for line in (REPO / "benchmarks" / path).read_text().splitlines()]
     packages = [{r["source"]["package"] for r in rows if r["id"].startswith(prefix)}
-                for prefix in ("code-edit-0", "code-edit-v")]
-    assert packages[0] and packages[1] and not packages[0] & packages[1]
+                for prefix in ("code-edit-0", "code-edit-v", "code-edit-t")]
+    assert all(packages) and not (packages[0] & packages[1] or packages[0] & packages[2] or packages[1] & packages[2])
 
 
 def test_recheck_configurations_need_a_gap_and_the_gap_needs_them():

@@ -21,10 +21,14 @@ SUITES = {
     # Built the same way from other installed packages (benchmarks/make_code_edit.py
     # --validation): code the policy was never tuned on.
     "code-edit-validation": BENCH_DIR / "code_edit_validation.jsonl",
+    # And from a third set of packages (--test): read once a policy is settled.
+    "code-edit-test": BENCH_DIR / "code_edit_test.jsonl",
 }
 # --split: `tune` takes --limit evenly spaced prompts per category (the ones every tuning run
-# used); `validate` the prompts halfway between them, a disjoint set to report on.
-SPLITS = ("tune", "validate")
+# used); `validate` the prompts halfway between them, a disjoint set to report on; `test` those
+# a quarter of the way, disjoint from both, for a policy settled after `validate` was seen.
+SPLITS = ("tune", "validate", "test")
+_SHIFT = {"tune": 0, "validate": 2, "test": 4}  # split -> the spacing's divisor (0: no shift)
 # Spec-Bench reports the eight MT-bench sub-categories together as one category.
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 SPECBENCH_CATEGORY = "multi_turn"
@@ -93,7 +97,8 @@ def load_suite(name: str) -> list[BenchPrompt]:
 
 def select(prompts: list[BenchPrompt], limit: int | None, split: str = "tune") -> list[BenchPrompt]:
     """Up to ``limit`` prompts per category, evenly spaced through the file (deterministic);
-    with ``split="validate"`` the prompts halfway between those (disjoint from them).
+    with ``split="validate"`` the prompts halfway between those, with ``split="test"`` those a
+    quarter of the way (the three disjoint).
 
     Even spacing rather than the first k keeps Spec-Bench's multi-turn category spread over
     its eight sub-categories, which sit in blocks in the file.
@@ -102,7 +107,7 @@ def select(prompts: list[BenchPrompt], limit: int | None, split: str = "tune") -
         raise InvalidRequest(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     if limit is None:
         if split != "tune":
-            raise InvalidRequest("--split validate needs --limit (it takes the prompts between the --limit picks)")
+            raise InvalidRequest(f"--split {split} needs --limit (it takes the prompts between the --limit picks)")
         return list(prompts)
     if limit < 1:
         raise InvalidRequest("--limit must be >= 1")
@@ -111,10 +116,11 @@ def select(prompts: list[BenchPrompt], limit: int | None, split: str = "tune") -
         by_cat.setdefault(p.category, []).append(p)
     chosen = set()
     for cat, items in by_cat.items():
-        k = min(limit, len(items))
-        if split == "validate" and 2 * k > len(items):
-            raise InvalidRequest(f"--split validate needs --limit <= {len(items) // 2} ({cat} has {len(items)} prompts)")
-        shift = len(items) // (2 * k) if split == "validate" else 0
+        k, divisor = min(limit, len(items)), _SHIFT[split]
+        if divisor and divisor * k > len(items):
+            raise InvalidRequest(f"--split {split} needs --limit <= {len(items) // divisor} "
+                                 f"({cat} has {len(items)} prompts)")
+        shift = len(items) // (divisor * k) if divisor else 0
         chosen.update(items[i * len(items) // k + shift].id for i in range(k))
     return [p for p in prompts if p.id in chosen]
 
