@@ -152,6 +152,19 @@ def test_tree_sizes_price_trees_again_after_steps_without_them():
     assert sizes.level == pytest.approx(PRIOR_TREE_ACCEPTED[3], rel=0.05)
 
 
+def test_tree_sizes_level_follows_trees_drafted_at_every_step():
+    """Where every step drafts a tree, each one measures the level: it is what they accept, not
+    pulled toward the prior (which held 3-node trees accepting 1 token at a level of 1.22)."""
+    from edgespec.drafters.auto.policy import TreeSizes
+    from edgespec.spec.tree import DraftTree
+
+    sizes = TreeSizes((3, 7, 15, 31, 63))
+    for _ in range(60):
+        sizes.choose(FLAT, 3)
+        sizes.learn(DraftTree.chain([10, 11, 12], "model"), [10, 99])  # each accepts 1 token
+    assert sizes.level == pytest.approx(1.0, abs=1e-4)
+
+
 def test_confidence_calibration_starts_from_the_drafter_and_learns_where_it_is_wrong():
     from edgespec.drafters.auto.policy import ConfidenceCalibration
 
@@ -277,8 +290,10 @@ def test_auto_drafts_a_tree_or_a_chain_whichever_prices_higher():
     level, shape = model.sizes.level, model.sizes.shape[63].state()
     step([9])
     assert model.shapes[-1][0] == "chain"  # a chain prices higher now: asked with tree=False
-    # it taught no tree size: the shape is as it was, the level only reverted a tenth toward its prior
+    # it taught no tree size: the shape is as it was; the level, just measured by trees, stays
     assert model.sizes.shape[63].state() == shape
+    assert model.sizes.level == pytest.approx(level)
+    step([9])  # a step after one without a tree: the level reverts a tenth toward its prior
     assert model.sizes.level == pytest.approx(level + (1.76 - level) * 0.1)
     for _ in range(30):  # steps without trees: their level reverts toward its prior
         step([9])

@@ -355,11 +355,16 @@ class TreeSizes:
     above the tree it saw, 4.50x with 3-node trees at 135 of 145 steps
     (benchmarks/RESULTS-gpu.md section 11).
 
-    The level moves only on steps that drafted a tree; each ``choose`` moves it ``revert`` of the
-    way back to its prior, so after a stretch of steps without trees they are priced again (a
-    level frozen at a run of misses kept trees out for the drafter's life; replayed on the tuning
-    sets, reverting by 0, 0.01, 0.03 and 0.1 a choice scored alike but beside the 4-layer offload,
-    where 0.1 did best on code edits: 4.99x against 4.61x).
+    The level moves only on steps that drafted a tree; a ``choose`` after a step that drafted
+    none moves it ``revert`` of the way back to its prior, so after a stretch of steps without
+    trees they are priced again (a level frozen at a run of misses kept trees out for the
+    drafter's life; replayed on the tuning sets, reverting by 0, 0.01, 0.03 and 0.1 a choice
+    scored alike but beside the 4-layer offload, where 0.1 did best on code edits: 4.99x against
+    4.61x). Reverting after steps that did measure it too held the level above what trees
+    accepted (at a steady acceptance ``a`` of the smallest size it settles at 0.50 + 0.71 ``a``
+    with the prior 1.76, so 3-node trees accepting 1.1 priced as 1.3): on the held-out code edits'
+    median 7B curve `auto` drafted 3-node trees that cost more than they gained at 358 steps
+    (4.58x; 5.15x without, RESULTS-gpu section 14).
 
     What a search of each size costs is learned from the searches run (``searched``: seconds;
     unseen: one drafter decode per node, a chain's price). ``choose`` maximises expected emitted
@@ -377,6 +382,7 @@ class TreeSizes:
         self.shape = {b: RatioEstimate(prior[b] / self.level, shape_weight, shape_decay) for b in self.sizes[1:]}
         self.search_s: dict[int, float] = {}  # size -> moving average of a search's seconds
         self.steps = 0
+        self._evidence = False  # a tree was learned from since the last choice (no revert then)
 
     @property
     def probing(self) -> bool:
@@ -395,6 +401,7 @@ class TreeSizes:
 
         accepted = accepted_by(accepted_path(tree, emitted), [b for b in self.sizes if b <= len(tree)])
         base = float(accepted.pop(self.sizes[0]))
+        self._evidence = True
         self.level = self.decay * self.level + (1 - self.decay) * base
         for b, a in accepted.items():
             self.shape[b].update(float(a), base)
@@ -422,7 +429,9 @@ class TreeSizes:
         if not allowed:
             return 0
         self.steps += 1
-        self.level += (self.prior_level - self.level) * self.revert
+        if not self._evidence:  # the last step drafted no tree: nothing measured the level
+            self.level += (self.prior_level - self.level) * self.revert
+        self._evidence = False
         if self.probing:
             return allowed[-1]
         best = max(allowed, key=lambda b: self.rate(cost, b))
