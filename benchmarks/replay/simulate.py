@@ -42,7 +42,7 @@ PLACEMENTS = {
     "offload-7b-beside-drafter-4": ("offload-7b-beside-drafter-4", "gpu-0.5b"),
     "offload-7b-beside-tree-drafter-4": ("offload-7b-beside-tree-drafter-4", "gpu-0.5b"),
     **{f"offload-7b-beside-{kind}-{k}": (f"offload-7b-beside-{kind}-{k}", "gpu-0.5b")
-       for kind in ("drafter", "tree-drafter") for k in range(5, 9)},  # four runs of one call
+       for kind in ("drafter", "tree-drafter") for k in range(5, 12)},  # four runs of one call, three of another
     "offload-7b-no-op-offload": ("offload-7b-no-op-offload", "gpu-0.5b"),
     "draft-gpu-7b": ("cpu-7b", "gpu-0.5b"),  # Dovetail: target on the CPU, drafter on the GPU
     "draft-gpu-1.5b": ("cpu-1.5b", "gpu-0.5b"),
