@@ -262,6 +262,33 @@ class _TreeOrChain(_FixedChain):
         self._verifying = None
 
 
+def test_a_smaller_tree_than_the_largest_is_drafted_only_where_the_chain_prices_lower():
+    """Where a tree below the largest size prices above the chain's learned price, the chain is
+    drafted first and its own confidences decide: a sure chain is verified, an unsure one gives
+    way to the tree."""
+    from edgespec.drafters.auto.drafter import AutoDrafter
+    from edgespec.drafters.suffix import SuffixDrafter
+
+    # 16 rows cost 2.5 steps, 64 ten: a tree below 63 nodes prices highest, chains at the
+    # prior's 0.6 a depth lower (2.2 tokens / 1.5 steps for 3)
+    cost = CostModel((1, 4, 16, 64), (1.0, 1.5, 2.5, 10.0), draft_token_s=0.001)
+    drafted = {}
+    for confidence in (0.99, 0.05):
+        model = _TreeOrChain([confidence] * 64)
+        auto = AutoDrafter(SuffixDrafter(), cost, model=model)
+        auto.begin([1, 2, 3])
+        auto.propose([1, 2, 3], 63)  # the first step's probe of 63 nodes prices below the chain
+        emitted = list(range(100, 130)) + [7]  # 30 of the chain's tokens taken, graded
+        auto.observe(emitted)
+        assert model.shapes == [("chain", 63)]
+        drafted[confidence] = auto.propose([1, 2, 3] + emitted, 63)
+        assert model.shapes[1] == ("chain", 63)  # drafted first, though a tree priced higher
+        drafted[confidence, "after"] = model.shapes[2:]
+    assert len(drafted[0.99]) >= 15 and drafted[0.99, "after"] == []  # sure: the chain, no tree
+    (shape, size), = drafted[0.05, "after"]  # unsure: the tree that priced higher
+    assert shape == "tree" and size < 63 and len(drafted[0.05]) == size and drafted[0.05].source == "model"
+
+
 def test_auto_drafts_a_tree_or_a_chain_whichever_prices_higher():
     from edgespec.drafters.auto.drafter import AutoDrafter
     from edgespec.drafters.suffix import SuffixDrafter

@@ -19,7 +19,13 @@ With ``--draft-tree`` (greedy), the drafter model may instead draft a best-first
 TreeSizes' sizes (edgespec.drafters.auto.policy), priced from what each size accepted here:
 the tree or the chain, whichever prices higher, competes with the suffix draft. Replayed on a
 7B offloaded to a third of its weights (benchmarks/RESULTS-gpu.md section 11), trees win on
-code edits (a flat verification curve pays for 63 nodes) and chains on Spec-Bench.
+code edits (a flat verification curve pays for 63 nodes) and chains on Spec-Bench. A chain's
+price before it is drafted is its average over every step, so where a tree below the largest
+size prices higher (trees are then accepting little), the chain is drafted first and its own
+confidences price it: a sure chain is verified, an unsure one gives way to the tree. Replayed
+over ten 7B offload curves on the tuning and validation sets this gained 3% on code edits and
+1% on Spec-Bench; 63-node trees pay on their own there, and a chain drafted before each of them
+cost code edits 3% (RESULTS-gpu section 14).
 
 Estimates keep learning while a mode is not chosen: after every step the suffix draft that
 was offered is checked against the token the target actually produced (free), and the model
@@ -90,6 +96,7 @@ class AutoDrafter:
         self._chosen: DraftTree | None = None
         self._steps_since_chain = 0  # steps since the model last drafted a chain (its re-probe)
         self._tree_size = 0  # the size of this step's model tree (0: a chain or no model draft)
+        self._tree_rate = 0.0  # its expected tokens/s
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
@@ -207,7 +214,7 @@ class AutoDrafter:
             return 2, float("inf")  # re-probe: text changes, and so does the drafter's luck
         size, tree_rate = self._tree_choice(budget)
         if tree_rate > rate:
-            self._tree_size = size
+            self._tree_size, self._tree_rate = size, tree_rate
             return size, tree_rate
         return k, rate
 
@@ -233,17 +240,27 @@ class AutoDrafter:
     def _model_draft(self, context: Sequence[int], k: int, budget: int) -> DraftTree:
         """A best-first tree of ``k`` nodes (``_tree_choice``), a greedy chain sized by its
         confidences (module docstring), or, sampling, ``k`` tokens."""
+        if self._tree_size and self._tree_size < self.model.sizes.sizes[-1]:
+            chain, rate = self._chain(context, budget)  # tree or chain, decided by its confidences
+            if rate >= self._tree_rate:
+                self._tree_size = 0
+                return chain
         if self._tree_size:
             return self.model.propose(context, k, tree=True).relabel("model")
         if not self._greedy:
             return self.model.propose(context, k).relabel("model")
+        return self._chain(context, budget)[0]
+
+    def _chain(self, context: Sequence[int], budget: int) -> tuple[DraftTree, float]:
+        """A greedy chain stopped by ChainStop, its prefix with the best expected tokens/s if that
+        beats the suffix draft (else empty), and that rate."""
         shape = {"tree": False} if getattr(self.model, "tree", False) else {}  # a tree drafter's chain
         chain = self.model.propose(context, budget, stop=self._stop, **shape)
         self._drafted = chain
         if chain.scores is None or not len(chain):
-            return chain.relabel("model")
+            return chain.relabel("model"), 0.0
         n, rate = best_tree_prefix(self.confidence.path_probs(_confidences(chain)), self.cost, len(chain))
-        return chain.prefix(n if rate > self._floor else 0).relabel("model")  # else the suffix draft
+        return chain.prefix(n if rate > self._floor else 0).relabel("model"), rate
 
     def _stop(self, confidences: Sequence[float]) -> bool:
         """ChainStop's rule against the best step on offer besides the chain; asked after every
