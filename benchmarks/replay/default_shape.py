@@ -4,8 +4,9 @@ trees of up to 63 nodes beside 3 layers, where a search that held every node it 
 (256 sequences) left the target; and the same trees beside 4 layers, where a search that frees
 what leaves its top (64 sequences, the chain drafter's context) leaves it: today's default.
 Curves of both layouts measured in one call on one H100 machine (benchmarks/device/run.sh
-beside): one pair in each of three calls, four in a fourth; a table per pair, and one on each
-layout's median curve (per batch size, the median of the seven).
+beside): one pair in each of three calls, four in a fourth, three in a fifth on a slower host
+(samples 9-11); a table per pair, and one on each layout's median curve (per batch size, the
+median of the ten).
 
     .venv/bin/python benchmarks/replay/default_shape.py
 """
@@ -23,8 +24,9 @@ from simulate import DEVICE_CURVES, load_costs, load_traces
 
 # (4 GPU layers, 3 GPU layers) beside the drafter, each pair measured in one call
 SAMPLES = (("offload-7b-beside-drafter-2", "offload-7b-beside-tree-drafter"),
-           *((f"offload-7b-beside-drafter-{k}", f"offload-7b-beside-tree-drafter-{k}") for k in range(3, 9)))
-TRACES = (("code-edit", 256), ("code-edit-validation-16", 256), ("specbench-30", 128), ("specbench-30-validate", 128))
+           *((f"offload-7b-beside-drafter-{k}", f"offload-7b-beside-tree-drafter-{k}") for k in range(3, 12)))
+TRACES = (("code-edit", 256), ("code-edit-validation-16", 256), ("specbench-30", 128), ("specbench-30-validate", 128),
+          ("code-edit-test-16", 256), ("specbench-30-test", 128))
 
 
 MEDIAN = "median"
@@ -50,7 +52,7 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     traces = [(name, load_traces(name)[0], n) for name, n in TRACES]
     for four, three in SAMPLES + (tuple(zip(*SAMPLES)),):
-        print(f"\n{four} / {three}\n" if isinstance(four, str) else "\nmedian curves of the seven\n")
+        print(f"\n{four} / {three}\n" if isinstance(four, str) else f"\nmedian curves of the {len(SAMPLES)}\n")
         print("| trace (tokens) | plain, 4 layers tok/s | `auto` chains, 4 layers | `auto` trees, 3 layers "
               "| `auto` trees, 4 layers (default) |")
         print("|---|---|---|---|---|")
