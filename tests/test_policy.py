@@ -263,7 +263,7 @@ class _TreeOrChain(_FixedChain):
 
 
 def test_a_smaller_tree_than_the_largest_is_drafted_only_where_the_chain_prices_lower():
-    """Where a tree below the largest size prices above the chain's learned price, the chain is
+    """Where a tree below the menu's largest size prices above the chain's learned price, the chain is
     drafted first and its own confidences decide: a sure chain is verified, an unsure one gives
     way to the tree."""
     from edgespec.drafters.auto.drafter import AutoDrafter
@@ -277,16 +277,22 @@ def test_a_smaller_tree_than_the_largest_is_drafted_only_where_the_chain_prices_
         model = _TreeOrChain([confidence] * 64)
         auto = AutoDrafter(SuffixDrafter(), cost, model=model)
         auto.begin([1, 2, 3])
-        auto.propose([1, 2, 3], 63)  # the first step's probe of 63 nodes prices below the chain
-        emitted = list(range(100, 130)) + [7]  # 30 of the chain's tokens taken, graded
+        first = auto.propose([1, 2, 3], 63)  # the first step's probe of 63 nodes prices below the chain
+        emitted = list(range(100, 100 + len(first))) + [7]  # the verified chain taken, graded
         auto.observe(emitted)
         assert model.shapes == [("chain", 63)]
         drafted[confidence] = auto.propose([1, 2, 3] + emitted, 63)
         assert model.shapes[1] == ("chain", 63)  # drafted first, though a tree priced higher
         drafted[confidence, "after"] = model.shapes[2:]
+        alphas, graded = auto.model_acceptance.alphas(), auto.confidence.den.sum()
+        auto.observe([7])  # nothing taken
+        drafted[confidence, "learned"] = auto.model_acceptance.alphas() != alphas, auto.confidence.den.sum() > graded
     assert len(drafted[0.99]) >= 15 and drafted[0.99, "after"] == []  # sure: the chain, no tree
     (shape, size), = drafted[0.05, "after"]  # unsure: the tree that priced higher
     assert shape == "tree" and size < 63 and len(drafted[0.05]) == size and drafted[0.05].source == "model"
+    # a verified chain teaches its depths; a chain drafted and set aside for the tree only its
+    # confidences (graded by what the target emitted)
+    assert drafted[0.99, "learned"] == (True, True) and drafted[0.05, "learned"] == (False, True)
 
 
 def test_auto_drafts_a_tree_or_a_chain_whichever_prices_higher():

@@ -20,12 +20,13 @@ TreeSizes' sizes (edgespec.drafters.auto.policy), priced from what each size acc
 the tree or the chain, whichever prices higher, competes with the suffix draft. Replayed on a
 7B offloaded to a third of its weights (benchmarks/RESULTS-gpu.md section 11), trees win on
 code edits (a flat verification curve pays for 63 nodes) and chains on Spec-Bench. A chain's
-price before it is drafted is its average over every step, so where a tree below the largest
-size prices higher (trees are then accepting little), the chain is drafted first and its own
-confidences price it: a sure chain is verified, an unsure one gives way to the tree. Replayed
-over ten 7B offload curves on the tuning and validation sets this gained 3% on code edits and
-1% on Spec-Bench; 63-node trees pay on their own there, and a chain drafted before each of them
-cost code edits 3% (RESULTS-gpu section 14).
+price before it is drafted is its average over every step, so where a tree below the menu's
+largest size (63 nodes) prices higher (trees are then accepting little), the chain is drafted
+first and its own confidences price it: a sure chain is verified, an unsure one gives way to
+the tree. Replayed over ten 7B offload curves on the tuning and validation sets this gained 3%
+on code edits and 1% on Spec-Bench; 63-node trees pay on their own there, and a chain drafted
+before each of them too cost code edits 7% against that (RESULTS-gpu section 14). A budget
+below 63 (an answer's last tokens, a smaller --draft-max) sends every tree through a chain.
 
 Estimates keep learning while a mode is not chosen: after every step the suffix draft that
 was offered is checked against the token the target actually produced (free), and the model

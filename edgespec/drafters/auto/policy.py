@@ -363,8 +363,9 @@ class TreeSizes:
     4.61x). Reverting after steps that did measure it too held the level above what trees
     accepted (at a steady acceptance ``a`` of the smallest size it settles at 0.50 + 0.71 ``a``
     with the prior 1.76, so 3-node trees accepting 1.1 priced as 1.3): on the held-out code edits'
-    median 7B curve `auto` drafted 3-node trees that cost more than they gained at 358 steps
-    (4.58x; 5.15x without, RESULTS-gpu section 14).
+    median 7B curve (of seven) `auto` drafted 3-node trees that cost more than they gained at
+    358 steps (RESULTS-gpu section 13; 4.58x, 5.15x without). Once `auto` checks small trees
+    against the chain it drafts, this changes nothing in aggregate (section 14).
 
     What a search of each size costs is learned from the searches run (``searched``: seconds;
     unseen: one drafter decode per node, a chain's price). ``choose`` maximises expected emitted
