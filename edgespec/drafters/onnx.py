@@ -22,7 +22,7 @@ import numpy as np
 
 from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window
 from edgespec.decode.tokens import fast_common_prefix
-from edgespec.drafters.model import Stop, draft_chain, drafts_tree
+from edgespec.drafters.model import MAX_EXPANSIONS, Stop, draft_chain, drafts_tree
 from edgespec.onnx.session import MASKED, OnnxLM
 from edgespec.spec.tree import DraftTree
 from edgespec.spec.tree_search import best_first, top_children
@@ -128,7 +128,7 @@ class OnnxDrafter:
         """A tree or a chain of at most ``budget`` tokens; ``stop`` may end a greedy chain early.
         ``tree``: this step's shape; None: the drafter's own."""
         tree = drafts_tree(self.tree, tree, self.params)
-        room = MAX_TREE_NODES + 1 if tree else budget + 1  # a tree's slots: one per expanded node
+        room = MAX_EXPANSIONS + 1 if tree else budget + 1  # a tree's slots: one per expanded node
         if budget <= 0 or len(context) + room >= self.lm.n_ctx:
             return DraftTree.empty(NAME)
         logits = self.sync(context)
@@ -158,8 +158,10 @@ class OnnxDrafter:
             rows = self.score_tree(context, tokens, parents, range(first, len(tokens)))
             return [top_children(row, self.branch) for row in rows]
 
+        # The llama.cpp drafter's cap (edgespec.drafters.model): the exact top tree takes more
+        # expansions than it keeps nodes (a 95-expansion search in tests/test_onnx_drafter.py).
         return best_first(top_children(logits, self.branch), expand, budget, self.round_size,
-                          MAX_TREE_NODES, source=NAME).tree
+                          MAX_EXPANSIONS, source=NAME).tree
 
 
 def measure_onnx_token(drafter: OnnxDrafter, repeats: int = 3) -> float:
