@@ -127,8 +127,6 @@ def test_a_tree_in_one_pass_equals_its_branches_decoded_one_by_one(drafter, prom
 def test_a_63_node_tree_is_the_exact_top_tree_of_the_drafter(drafter, prompts):
     """The search may decode more nodes than the tree keeps (as the llama.cpp drafter's does):
     the tree is what a search without any cap finds over the same passes."""
-    from edgespec.spec.tree_search import best_first, top_children
-
     context = prompts[0][:140]  # a search of 95 expansions: 24 of its 63 nodes were out of reach at 63
     drafter.begin(context)
     drafter.tree, drafter.min_confidence = True, 0.0
@@ -137,20 +135,8 @@ def test_a_63_node_tree_is_the_exact_top_tree_of_the_drafter(drafter, prompts):
         tree = drafter.propose(context, 63)
     finally:
         drafter.tree, drafter.min_confidence = False, 0.4
-    tokens, parents, index = [], [], {}
-
-    def expand(paths):  # the drafter's own scoring, node by node in decoding order
-        first = len(tokens)
-        for path in paths:
-            index[path] = len(tokens)
-            tokens.append(path[-1])
-            parents.append(index[path[:-1]] if len(path) > 1 else -1)
-        rows = drafter.score_tree(context, tokens, parents, range(first, len(tokens)))
-        return [top_children(row, drafter.branch) for row in rows]
-
     drafter.cached.clear()  # (a one-row pass quantizes differently: see TIE)
-    exact = best_first(top_children(drafter.sync(context), drafter.branch), expand, 63, drafter.round_size,
-                       max_expansions=10_000, source="onnx")
+    exact = drafter.search(context, drafter.sync(context), 63, max_expansions=10_000)
     assert exact.expansions > 63  # a search capped at its tree's size would have stopped short
     assert len(tree) == 63
     assert {_path(tree, i) for i in range(63)} == {_path(exact.tree, i) for i in range(63)}

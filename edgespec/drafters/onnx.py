@@ -25,7 +25,7 @@ from edgespec.decode.tokens import fast_common_prefix
 from edgespec.drafters.model import MAX_EXPANSIONS, Stop, draft_chain, drafts_tree
 from edgespec.onnx.session import MASKED, OnnxLM
 from edgespec.spec.tree import DraftTree
-from edgespec.spec.tree_search import best_first, top_children
+from edgespec.spec.tree_search import SearchResult, best_first, top_children
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class OnnxDrafter:
             return DraftTree.empty(NAME)
         logits = self.sync(context)
         if tree:
-            return self._tree(context, logits, min(budget, MAX_TREE_NODES))
+            return self.search(context, logits, min(budget, MAX_TREE_NODES)).tree
         return self._chain(context, logits, budget, stop)
 
     def guess(self, context: Sequence[int]) -> int:
@@ -144,7 +144,10 @@ class OnnxDrafter:
         return draft_chain(context, logits, budget, self.params, self.rng, self.min_confidence,
                            self.append, NAME, stop)
 
-    def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
+    def search(self, context: Sequence[int], logits: np.ndarray, budget: int,
+               max_expansions: int = MAX_EXPANSIONS) -> SearchResult:
+        """The best-first search for a ``budget``-node tree after ``context`` (``logits``: the
+        row after its last token), each round scored in one pass (score_tree)."""
         tokens: list[int] = []  # the decoded nodes, in decoding order (score_tree's layout)
         parents: list[int] = []
         index: dict[tuple[int, ...], int] = {}
@@ -161,7 +164,7 @@ class OnnxDrafter:
         # The llama.cpp drafter's cap (edgespec.drafters.model): the exact top tree takes more
         # expansions than it keeps nodes (a 95-expansion search in tests/test_onnx_drafter.py).
         return best_first(top_children(logits, self.branch), expand, budget, self.round_size,
-                          MAX_EXPANSIONS, source=NAME).tree
+                          max_expansions, source=NAME)
 
 
 def measure_onnx_token(drafter: OnnxDrafter, repeats: int = 3) -> float:
