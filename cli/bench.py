@@ -86,6 +86,7 @@ def bench(
     ram_budget: Optional[str] = c.RAM_BUDGET,
     vram_budget: Optional[str] = c.VRAM_BUDGET,
     placement: Optional[str] = c.PLACEMENT,
+    exact: bool = c.EXACT,
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record and the summary here."),
@@ -105,7 +106,8 @@ def bench(
                              ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
                              share_prefill=share_prefill, recheck_gap=recheck_gap,
                              onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement, turns=turns,
-                             vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None)
+                             vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None,
+                             exact=exact)
     err = Console(stderr=True, highlight=False)
 
     def progress(n: int, total: int, pid: str, config: str) -> None:

@@ -39,6 +39,11 @@ DRAFT_TREE = typer.Option(None, "--draft-tree/--no-draft-tree",
 RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
                            help="Greedy: re-decode alone any verified position whose top-2 logit gap is "
                                 "below this (batch numerics can flip such near-ties); 0: off.")
+EXACT = typer.Option(False, "--exact",
+                     help="Greedy speculation returns plain greedy's answer bit for bit: batch-invariant "
+                          "CPU kernels (no weight repacking, flash attention over a q8_0 cache, llama.cpp's "
+                          "tiled matmul off) and chain drafts. The target must run on the CPU; on the "
+                          "2-core test VM a token costs ~6% more and a 16-token verification twice as much.")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
 ONNX_PROVIDER = typer.Option("cpu", "--onnx-provider",
                              help="--draft onnx: onnxruntime execution provider, cpu | cuda | tensorrt | dml | "
@@ -59,13 +64,15 @@ def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers:
                         draft: str = "auto", draft_max: int | None = None, draft_tree: bool | None = None,
                         draft_model: str | None = None, ram_budget: str | None = None,
                         recheck_gap: float = 0.0, onnx_provider: str = "cpu", onnx_bits: str = "exact",
-                        vram_budget: str | None = None, placement: str | None = None) -> Engine:
+                        vram_budget: str | None = None, placement: str | None = None,
+                        exact: bool = False) -> Engine:
     """Loads the target and its drafter (errors are typed and become one-line CLI messages)."""
     return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
                                draft=draft, draft_max=draft_max, draft_tree=draft_tree, recheck_gap=recheck_gap,
                                draft_model=draft_model, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
                                onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
-                               vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None))
+                               vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None,
+                               exact=exact))
 
 
 def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: float,

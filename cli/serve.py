@@ -48,6 +48,7 @@ def serve(
                                                   "(e.g. 2GiB, 2048MiB, 1.5GB, bytes)."),
     vram_budget: Optional[str] = c.VRAM_BUDGET,
     placement: Optional[str] = c.PLACEMENT,
+    exact: bool = c.EXACT,
     max_queue: int = typer.Option(16, "--max-queue", min=0,
                                   help="Requests that may wait behind the running one; more get 503."),
     allow_host: Optional[list[str]] = typer.Option(None, "--allow-host",
@@ -81,7 +82,7 @@ def serve(
                                      draft=draft, draft_max=draft_max, draft_tree=draft_tree,
                                      draft_model=draft_model, max_queue=max_queue,
                                      onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
-                                     vram_budget=vram),
+                                     vram_budget=vram, exact=exact),
                         store)
         if budget is not None:
             need = srv.engine_memory_bytes(engine)

@@ -29,6 +29,7 @@ from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest, make_request
 from edgespec.decode.sequence import KVSequence
 from edgespec.files.store import ModelStore
+from edgespec.llama import invariant
 from edgespec.llama.kernels import default_flash_attn
 from edgespec.memory import placements
 
@@ -81,6 +82,11 @@ class EngineConfig:
     # absent or refusing the graph falls back to the CPU) and which conversion ("exact" | "4").
     onnx_provider: str = "cpu"
     onnx_bits: str = "exact"
+    # Batch-invariant kernels for a target on the CPU (edgespec.llama.invariant): every verified
+    # row is computed bit for bit as a one-token decode, so greedy speculation returns plain
+    # greedy's answer of the same settings exactly. Drafts chains (a tree's accepted path leaves
+    # its cache cells out of position order, which changes attention's summation order).
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.draft_max is not None and (isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int)
@@ -103,9 +109,19 @@ class EngineConfig:
         if self.max_queue is not None and (isinstance(self.max_queue, bool)
                                            or not isinstance(self.max_queue, int) or self.max_queue < 0):
             raise InvalidRequest(f"max_queue must be a non-negative integer, got {self.max_queue!r}")
+        if self.exact:
+            self._check_exact()
         from edgespec.drafters import check_onnx_options
 
         check_onnx_options(self.onnx_provider, self.onnx_bits)
+
+    def _check_exact(self) -> None:
+        if self.draft_tree:
+            raise InvalidRequest("exact mode drafts chains: a tree's accepted path leaves its cache cells "
+                                 "out of position order; drop --draft-tree")
+        if self.n_gpu_layers != 0 or (self.placement is not None and placements.MODES[self.placement].target != "cpu"):
+            raise InvalidRequest("exact mode needs the target on the CPU (GPU kernels depend on the batch "
+                                 "size): use --placement cpu or draft-gpu, and no --n-gpu-layers")
 
     @property
     def planned(self) -> bool:
@@ -127,7 +143,8 @@ class Engine:
             from edgespec.memory.budget import placement
 
             self.placement = placement(str(path), self.store, config.ram_budget, config.n_ctx, config.draft,
-                                       config.draft_model, config.draft_max, config.draft_tree,
+                                       config.draft_model, config.draft_max,
+                                       False if config.exact else config.draft_tree,
                                        config.n_threads, config.n_seq_max or 1, config.vram_budget,
                                        config.placement, config.onnx_provider, config.onnx_bits)
             model_params, ctx_params = self.placement.model_params, self.placement.context_params
@@ -141,6 +158,8 @@ class Engine:
             n_seq = config.n_seq_max or 1 + (self.draft_shape.draft_max if config.draft is not None else 0)
             ctx_params = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq,
                                        flash_attn=_flash_attn(config))
+        if config.exact:
+            model_params, ctx_params = _exact_params(model_params, ctx_params)
         self.model = LlamaModel(path, model_params)
         if self.placement is not None and self.placement.file_backed:
             from edgespec.memory.filebacked import WeightReleaser
@@ -150,6 +169,8 @@ class Engine:
             raise InvalidRequest(f"context {ctx_params.n_ctx} exceeds the model's trained context "
                                  f"{self.model.n_ctx_train}")
         self.ctx = LlamaContext(self.model, ctx_params)
+        if config.exact:
+            invariant.check(self.ctx)
         self.seq = KVSequence(self.ctx)
         self.drafter = None
         self.decoder = Decoder(self.model, self.seq)
@@ -339,6 +360,16 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _exact_params(model_params: ModelParams, ctx_params: ContextParams) -> tuple[ModelParams, ContextParams]:
+    """The load's parameters with batch-invariant kernels (edgespec.llama.invariant), which also
+    never hold more memory than the plan counted: no repacked copy, a cache no larger."""
+    if model_params.n_gpu_layers != 0:
+        raise InvalidRequest(f"exact mode needs the target on the CPU, but the plan puts {model_params.n_gpu_layers} "
+                             "of its layers on the GPU: use --placement cpu or draft-gpu")
+    invariant.enable()
+    return invariant.model_params(model_params), invariant.context_params(ctx_params)
 
 
 def _flash_attn(config: EngineConfig) -> bool | None:

@@ -75,6 +75,7 @@ class BenchSettings:
     onnx_provider: str = "cpu"  # the onnx configuration's execution provider
     onnx_bits: str = "exact"  # ... and conversion
     turns: str = "first"  # one of TURNS
+    exact: bool = False  # batch-invariant kernels for every configuration, plain included (EngineConfig.exact)
 
     def __post_init__(self) -> None:
         if self.turns not in TURNS:
@@ -192,6 +193,8 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
               progress: Callable[[int, int, str, str], None] | None = None) -> BenchResult:
     """Runs every (repeat, prompt, config) in interleaved order and returns all records."""
     configs = validate_configs(configs, settings.recheck_gap)
+    if settings.exact and "model-tree" in map(base_config, configs):
+        raise InvalidRequest("model-tree drafts trees, which exact mode does not verify: drop it or --exact")
     # A budget is planned for the target with the suffix drafter; configurations that add a
     # drafter model do so on top of it (auto only when the plan leaves room for one).
     planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None
@@ -204,7 +207,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
                                  draft_tree=settings.draft_tree if auto else chains.tree,
                                  n_seq_max=1 if planned else 1 + chains.draft_max, ram_budget=settings.ram_budget,
                                  vram_budget=settings.vram_budget, placement=settings.placement,
-                                 draft=_planned_draft(configs) if planned else None))
+                                 draft=_planned_draft(configs) if planned else None, exact=settings.exact))
     runners = _Runners(engine, settings, trees=engine.draft_shape.tree
                        or any(base_config(c) == "model-tree" for c in configs))
     shape = engine.draft_shape  # what auto drafted (the others: chains of draft_max, default 32)

@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from edgespec.llama import invariant
 from edgespec.llama.backend import LlamaContext, ModelParams
 from edgespec.drafters.auto.policy import CostModel
 
@@ -44,9 +45,11 @@ def sizes_up_to(largest: int | None) -> tuple[int, ...]:
 
 def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int, flash_attn: bool | None,
                     tag: str = "") -> str:
-    """The cache key of a llama.cpp load: its file, placement, threads and attention kernel."""
+    """The cache key of a llama.cpp load: its file, placement, threads and kernels."""
     st = os.stat(path)
     mode = f"ngl{params.n_gpu_layers}-{'mmap' if params.use_mmap else 'load'}-{'repack' if params.repack else 'norepack'}"
+    if not invariant.tiled_matmul_requested():  # batches past 8 rows cost twice as much without it
+        mode += "-notiled"
     attn = {None: "fa-auto", True: "fa", False: "nofa"}[flash_attn]
     return f"{Path(path).name}-{st.st_size}-{st.st_mtime_ns}-t{n_threads}-{mode}-{attn}-{VERSION}{tag}"
 
