@@ -170,7 +170,12 @@ class Engine:
                                  f"{self.model.n_ctx_train}")
         self.ctx = LlamaContext(self.model, ctx_params)
         if config.exact:
-            invariant.check(self.ctx)
+            try:
+                invariant.check(self.ctx)
+            except Exception:
+                self.ctx.close()
+                self.model.close()
+                raise
         self.seq = KVSequence(self.ctx)
         self.drafter = None
         self.decoder = Decoder(self.model, self.seq)

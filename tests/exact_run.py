@@ -1,0 +1,51 @@
+"""Greedy answers of an exact-mode target (edgespec.llama.invariant), without and with drafters,
+as JSON on stdout. Run in a process of its own by tests/test_exact.py: llama.cpp reads the tiled
+matmul switch once per process, at its first matrix multiplication.
+
+    python tests/exact_run.py answers PROMPTS_JSON MAX_TOKENS DRAFT...
+    python tests/exact_run.py late     (a default load decodes first: exact mode must refuse)
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from edgespec.engine import Engine, EngineConfig
+from edgespec.llama.invariant import NotBatchInvariant
+
+TARGET = "qwen2.5-coder-1.5b"
+
+
+def answers(draft: str, prompts: list[str], max_tokens: int) -> list[dict]:
+    out = []
+    with Engine(EngineConfig(model=TARGET, n_ctx=2048, draft=None if draft == "none" else draft,
+                             exact=True)) as engine:
+        for p in prompts:
+            done = engine.chat([{"role": "user", "content": p}], max_tokens=max_tokens, temperature=0.0)
+            spec = done.stats.spec
+            out.append({"tokens": list(done.token_ids), "steps": spec.steps if spec else 0,
+                        "drafted": spec.drafted if spec else 0, "accepted": spec.accepted if spec else 0})
+    return out
+
+
+def late() -> dict:
+    with Engine(EngineConfig(model=TARGET, n_ctx=512)) as engine:  # default kernels, tiled matmul on
+        engine.generate("def add(a, b):\n    return a + b\n\ndef sub(a, b):", max_tokens=2, temperature=0.0)
+    try:
+        Engine(EngineConfig(model=TARGET, n_ctx=512, exact=True)).close()
+    except NotBatchInvariant as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def main() -> None:
+    if sys.argv[1] == "late":
+        result = late()
+    else:
+        prompts, max_tokens = json.loads(sys.argv[2]), int(sys.argv[3])
+        result = {d: answers(d, prompts, max_tokens) for d in sys.argv[4:]}
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

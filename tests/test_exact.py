@@ -1,0 +1,116 @@
+"""Exact mode: batch-invariant kernels make greedy speculation return plain greedy's answer bit
+for bit on the real Q4_K_M Qwen pair (where default kernels move batched logits by up to ~0.7).
+
+The real runs happen in child processes (tests/exact_run.py): llama.cpp reads its tiled-matmul
+switch once per process, and this one has decoded with default kernels already. The probe that
+guards exact mode is also shown to fail where the kernels are not invariant.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TARGET
+from edgespec.bench.runner import BenchSettings, run_bench
+from edgespec.drafters.auto.calibrate import calibration_key
+from edgespec.engine import EngineConfig
+from edgespec.errors import InvalidRequest
+from edgespec.llama import invariant
+from edgespec.llama.backend import ContextParams, LlamaContext, ModelParams
+
+RUNNER = Path(__file__).with_name("exact_run.py")
+PROMPTS = [
+    "Add type hints to this function:\ndef add(a, b):\n    return a + b\n\n"
+    "def scale(values, factor):\n    return [v * factor for v in values]\n",
+    "Repeat the following text exactly: The quick brown fox jumps over the lazy dog. "
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    "Write a short story about a dragon who loves tea.",
+    "Translate to French: The weather is lovely today and I want to walk in the park.",
+]
+
+
+def _child(*args: str, timeout: int = 600) -> dict:
+    proc = subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+# -- settings and refusals (no model) -------------------------------------------------------------
+def test_exact_settings():
+    assert invariant.model_params(ModelParams()).repack is False
+    c = invariant.context_params(ContextParams())
+    assert (c.flash_attn, c.kv_type, c.op_offload) == (True, "q8_0", False)
+    assert invariant.context_params(ContextParams(kv_type="q4_0")).kv_type == "q4_0"  # already smaller
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"draft_tree": True}, "drafts chains"),
+    ({"n_gpu_layers": 4}, "on the CPU"),
+    ({"placement": "offload"}, "on the CPU"),
+    ({"placement": "gpu"}, "on the CPU"),
+])
+def test_exact_refuses_what_it_cannot_keep(options, fragment):
+    with pytest.raises(InvalidRequest, match=fragment):
+        EngineConfig(exact=True, draft="auto", **options)
+    EngineConfig(exact=True, draft="auto", placement="draft-gpu")  # the target stays on the CPU
+
+
+def test_bench_refuses_trees_in_exact_mode():
+    with pytest.raises(InvalidRequest, match="model-tree"):
+        run_bench([], ["plain", "model-tree"], BenchSettings(exact=True))
+
+
+def test_calibration_keys_tell_the_tiled_matmul_apart(tmp_path, monkeypatch):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x")
+    monkeypatch.delenv(invariant.TILED_MM_ENV, raising=False)
+    on = calibration_key(f, ModelParams(), 2, True)
+    monkeypatch.setenv(invariant.TILED_MM_ENV, "0")
+    assert invariant.tiled_matmul_requested() is False
+    assert calibration_key(f, ModelParams(), 2, True) == on.replace("-fa-", "-notiled-fa-")
+    monkeypatch.setenv(invariant.TILED_MM_ENV, "1")
+    assert calibration_key(f, ModelParams(), 2, True) == on
+
+
+# -- the real target ----------------------------------------------------------------------------
+def test_probe_sees_default_kernels_depend_on_the_batch(store):
+    """The guard can fail: repacked weights without flash attention give batched rows of their own."""
+    from edgespec.llama.backend import LlamaModel
+
+    model = LlamaModel(store.resolve(TARGET), ModelParams())
+    ctx = LlamaContext(model, ContextParams(n_ctx=256, flash_attn=False))
+    try:
+        assert invariant.deviation(ctx) > 0.01
+        with pytest.raises(invariant.NotBatchInvariant, match="differ from one-token decodes"):
+            invariant.check(ctx)
+        assert ctx.seq_pos_max(0) == -1  # the probe leaves its sequence empty
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_exact_speculation_equals_plain_bit_for_bit(store):
+    """Every answer of every drafter is plain greedy's, token for token, with no tolerance."""
+    result = _child("answers", json.dumps(PROMPTS), "48", "none", "suffix", "model")
+    plain = result["none"]
+    for draft in ("suffix", "model"):
+        for i, (p, s) in enumerate(zip(plain, result[draft])):
+            assert s["tokens"] == p["tokens"], f"{draft}, prompt {i}"
+        assert sum(s["accepted"] for s in result[draft]) > 0, f"{draft} never had a draft accepted"
+    # The copy's verifications cross the kernels' batch thresholds (4 and 8 rows): a mean of 8+
+    # rows a verification (pending + drafts) means one had more.
+    copy = result["suffix"][1]
+    assert 1 + copy["drafted"] / copy["steps"] > 8
+
+
+def test_exact_mode_refuses_after_default_kernels_ran(store):
+    """llama.cpp read the tiled-matmul switch at the process's first decode: the probe says so."""
+    result = _child("late")
+    assert result["error"] == "NotBatchInvariant", result
+    assert "first decode" in result["message"]
