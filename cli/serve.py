@@ -77,13 +77,15 @@ def serve(
     model_id, aliases = srv.model_names(model, path)
     budget: Optional[int] = ram_budget  # already parsed by the callback
 
+    # Inconsistent options (e.g. --exact with --draft-tree) are refused here, before listening.
+    engine_config = EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                                 draft=draft, draft_max=draft_max, draft_tree=draft_tree,
+                                 draft_model=draft_model, max_queue=max_queue,
+                                 onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
+                                 vram_budget=vram, exact=exact)
+
     def load() -> Engine:
-        engine = Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                                     draft=draft, draft_max=draft_max, draft_tree=draft_tree,
-                                     draft_model=draft_model, max_queue=max_queue,
-                                     onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
-                                     vram_budget=vram, exact=exact),
-                        store)
+        engine = Engine(engine_config, store)
         if budget is not None:
             need = srv.engine_memory_bytes(engine)
             if need > budget:

@@ -83,9 +83,10 @@ class EngineConfig:
     onnx_provider: str = "cpu"
     onnx_bits: str = "exact"
     # Batch-invariant kernels for a target on the CPU (edgespec.llama.invariant): every verified
-    # row is computed bit for bit as a one-token decode, so greedy speculation returns plain
-    # greedy's answer of the same settings exactly. Drafts chains (a tree's accepted path leaves
-    # its cache cells out of position order, which changes attention's summation order).
+    # row is computed bit for bit as a one-token decode, so greedy speculation returns exactly
+    # the answer plain greedy decoding gives under the same kernels (which can differ from the
+    # default kernels' at near-ties). Verifies chains only (SpeculativeStep.chains_only). Turns
+    # llama.cpp's tiled matmul off for the whole process and the processes it starts.
     exact: bool = False
 
     def __post_init__(self) -> None:
@@ -116,6 +117,12 @@ class EngineConfig:
         check_onnx_options(self.onnx_provider, self.onnx_bits)
 
     def _check_exact(self) -> None:
+        if self.flash_attn is False:
+            raise InvalidRequest("exact mode runs flash attention (without it the attention product "
+                                 "depends on the batch); drop flash_attn=False")
+        if self.recheck_gap > 0:
+            raise InvalidRequest("exact mode computes every verified row as plain decoding does: "
+                                 "near-tie re-checks would only cost time; drop --recheck-gap")
         if self.draft_tree:
             raise InvalidRequest("exact mode drafts chains: a tree's accepted path leaves its cache cells "
                                  "out of position order; drop --draft-tree")
@@ -174,6 +181,8 @@ class Engine:
                 invariant.check(self.ctx)
             except Exception:
                 self.ctx.close()
+                if self.releaser is not None:
+                    self.releaser.close()
                 self.model.close()
                 raise
         self.seq = KVSequence(self.ctx)
@@ -198,8 +207,9 @@ class Engine:
         if p is not None:
             draft_cfg = replace(p.drafter_config(draft_cfg), kind=p.draft)
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
-        self.decoder = Decoder(self.model, self.seq, SpeculativeStep(self.drafter, shape.draft_max, config.recheck_gap,
-                                                                     overlap=self.overlap))
+        step = SpeculativeStep(self.drafter, shape.draft_max, config.recheck_gap, overlap=self.overlap,
+                               chains_only=config.exact)
+        self.decoder = Decoder(self.model, self.seq, step)
 
     @property
     def overlap(self) -> bool:

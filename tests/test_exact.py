@@ -54,6 +54,8 @@ def test_exact_settings():
     ({"n_gpu_layers": 4}, "on the CPU"),
     ({"placement": "offload"}, "on the CPU"),
     ({"placement": "gpu"}, "on the CPU"),
+    ({"flash_attn": False}, "flash attention"),
+    ({"recheck_gap": 0.3}, "re-checks"),
 ])
 def test_exact_refuses_what_it_cannot_keep(options, fragment):
     with pytest.raises(InvalidRequest, match=fragment):
@@ -113,4 +115,4 @@ def test_exact_mode_refuses_after_default_kernels_ran(store):
     """llama.cpp read the tiled-matmul switch at the process's first decode: the probe says so."""
     result = _child("late")
     assert result["error"] == "NotBatchInvariant", result
-    assert "first decode" in result["message"]
+    assert "before exact mode set it" in result["message"]

@@ -31,7 +31,7 @@ from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.errors import BackendError, InvalidRequest
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
-from edgespec.spec.verify import fit_draft, is_chain, leaves_of, path_layout
+from edgespec.spec.verify import fit_draft, is_chain, leaves_of, main_path, path_layout
 from fake_model import BOS, FakeContext, FakeModel, KVLayoutError
 
 TARGET = FakeModel(n_vocab=96, seed=0)
@@ -187,6 +187,47 @@ def test_layout_hand_cases():
     fork = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, 0, 0, 1]))
     assert path_layout(fork) == ([2, 3], [[1, 2], [2], [1], [2]])
     assert is_chain(DraftTree.empty()) and path_layout(DraftTree.empty()) == ([], [])
+
+
+def test_main_path_follows_first_children():
+    # 0 -> 1 -> 3 -> 4 is the main path; 2 (a sibling of 1) and 5 (a sibling of 3) are not on it
+    tree = DraftTree(np.array([10, 11, 12, 13, 14, 15]), np.array([-1, 0, 0, 1, 3, 1]),
+                     scores=np.array([0.9, 0.8, 0.1, 0.7, 0.6, 0.05]), source="suffix", match_len=3)
+    path = main_path(tree)
+    assert is_chain(path)
+    assert path.tokens.tolist() == [10, 11, 13, 14]
+    assert path.scores.tolist() == [0.9, 0.8, 0.7, 0.6]
+    assert (path.source, path.match_len) == ("suffix", 3)
+    assert main_path(DraftTree.empty()).tokens.tolist() == []
+
+
+class _ChainsSeen(KVSequence):
+    """A KVSequence that records whether each verified draft was a chain."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.shapes: list[tuple[bool, int]] = []
+
+    def verifying(self, pending, draft, alongside=None):
+        self.shapes.append((is_chain(draft), len(draft)))
+        return super().verifying(pending, draft, alongside)
+
+
+@pytest.mark.parametrize("kind", ["suffix", "model-tree", "hybrid", "auto"])
+def test_chains_only_verifies_chains_and_keeps_greedy_answers(kind):
+    """Exact mode's step: drafters that draft trees (the suffix index always does) are cut to their
+    main path, so the cache never holds a later position in an earlier cell."""
+    rng = np.random.default_rng(8)
+    seq = _ChainsSeen(FakeContext(TARGET, n_ctx=N_CTX, n_batch=64, n_seq_max=9))
+    spec = Decoder(TARGET, seq, SpeculativeStep(DRAFTERS[kind](), 8, chains_only=True))
+    plain = make_decoder(None)
+    for _ in range(4):
+        # a phrase seen with several continuations: the suffix index drafts a tree after it
+        stem, tails = random_prompt(rng, 4)[1:], [random_prompt(rng, 5)[1:] for _ in range(3)]
+        prompt = random_prompt(rng, 8) + [t for tail in tails for t in stem + tail] + stem
+        assert spec.generate(prompt, request(48)).token_ids == plain.generate(prompt, request(48)).token_ids
+    assert all(chain for chain, _ in seq.shapes)
+    assert sum(n > 1 for _, n in seq.shapes) > 4, seq.shapes  # multi-token drafts were verified
 
 
 def test_fit_draft_keeps_the_largest_valid_prefix():

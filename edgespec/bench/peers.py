@@ -144,6 +144,12 @@ _RE_PERF = re.compile(rf"\b(load time|prompt eval time|eval time|total time)\s*=
 _RE_SAMPLER = re.compile(rf"\bsampling time\s*=\s*{_NUM}\s*ms")
 
 
+def _native_env() -> dict[str, str]:
+    """The environment of a native peer: llama.cpp's default kernels even in an `--exact` run."""
+    from edgespec.llama.invariant import TILED_MM_ENV
+
+    return {**{k: v for k, v in os.environ.items() if k != TILED_MM_ENV}, "LC_ALL": "C"}
+
 def _num(s: str) -> float:
     return float(s)
 
@@ -315,7 +321,7 @@ def run_llama_cpp_peer(kind: str, target_path: str | os.PathLike, draft_path: st
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=timeout, env=dict(os.environ, LC_ALL="C"))
+                                  timeout=timeout, env=_native_env())
         except subprocess.TimeoutExpired as exc:
             raise PeerFailed(f"{SPEC_BINARY} ({kind}) did not finish within {timeout:g} s") from exc
         wall_s = time.perf_counter() - t0

@@ -161,7 +161,8 @@ class _Runners:
         drafter = make_drafter(cfg, self.engine.model, self.engine.store, target_ctx=self.engine.ctx,
                                shared_model=shared)
         gap = self.settings.recheck_gap if config.endswith(RECHECK) else 0.0
-        step = SpeculativeStep(drafter, cfg.draft_max, gap, overlap=self.engine.overlap)
+        step = SpeculativeStep(drafter, cfg.draft_max, gap, overlap=self.engine.overlap,
+                               chains_only=self.settings.exact)
         return Decoder(self.engine.model, self.engine.seq, step)
 
     def close(self) -> None:

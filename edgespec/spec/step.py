@@ -19,7 +19,7 @@ from edgespec.drafters.base import Drafter
 from edgespec.spec.acceptance import Acceptance, accept_greedy, accept_stochastic
 from edgespec.spec.stats import SpecStats
 from edgespec.spec.tree import DraftTree
-from edgespec.spec.verify import fit_draft, is_chain
+from edgespec.spec.verify import fit_draft, is_chain, main_path
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +86,17 @@ class SpeculativeStep:
     guess of the target's bonus token. When the target does accept everything and its bonus is
     that guess, the rest is the next step's draft, already made (PEARL's post-verify). Worth it
     only where drafter and target run on different processors.
+
+    ``chains_only``: every draft is cut to its main path (``main_path``) before verification.
+    Exact mode needs it: after a tree's commit the next tokens fill the freed cells of its other
+    branches, before the accepted ones, and attention sums over cells in cell order.
     """
 
     def __init__(self, drafter: Drafter, draft_max: int = 32, recheck_gap: float = 0.0,
-                 overlap: bool = False):
+                 overlap: bool = False, chains_only: bool = False):
         self.drafter = drafter
         self.draft_max = draft_max
+        self.chains_only = chains_only
         self.recheck_gap = recheck_gap
         self.overlap = overlap and getattr(drafter, "drafts_ahead", False)
         self._params = SamplingParams()
@@ -109,7 +114,10 @@ class SpeculativeStep:
 
     def step(self, seq: KVSequence, history: list[int], budget: int) -> tuple[list[int], int]:
         budget = min(self.draft_max, budget)
-        draft = fit_draft(self._draft(history, budget), seq.max_paths, max(budget, 0))
+        draft = self._draft(history, budget)
+        if self.chains_only and not is_chain(draft):
+            draft = main_path(draft)
+        draft = fit_draft(draft, seq.max_paths, max(budget, 0))
         ahead = _Ahead(self.drafter, history, draft, budget) if self._drafts_ahead(draft) else None
         with seq.verifying(history[-1], draft, ahead) as verification:
             # history ends with pending: the context every row's distribution is conditioned on.

@@ -36,6 +36,23 @@ def path_layout(draft: DraftTree) -> tuple[list[int], list[list[int]]]:
     return leaves, [sorted(s) for s in node_paths]
 
 
+def main_path(draft: DraftTree) -> DraftTree:
+    """The chain from the root through each node's first child: the likeliest path of a
+    best-first tree, the first sample drawn of a sampled one."""
+    first: dict[int, int] = {}
+    for i, p in enumerate(draft.parents):
+        first.setdefault(int(p), i)
+    nodes, node = [], -1
+    while node in first:
+        node = first[node]
+        nodes.append(node)
+    pick = np.array(nodes, dtype=np.int64)
+    return DraftTree(draft.tokens[pick], np.arange(-1, len(nodes) - 1, dtype=np.int64),
+                     tuple(draft.q_ids[i] for i in nodes) if draft.q_ids is not None else None,
+                     tuple(draft.q_probs[i] for i in nodes) if draft.q_probs is not None else None,
+                     draft.source, draft.scores[pick] if draft.scores is not None else None, draft.match_len)
+
+
 def fit_draft(draft: DraftTree, max_paths: int, max_nodes: int) -> DraftTree:
     """The largest prefix of the draft (in index order) with few enough leaves and nodes.
 
