@@ -85,6 +85,7 @@ def plan(
     placement: str = typer.Option(None, "--placement",
                                   help="Force where target and drafter run: gpu | offload | draft-gpu | overlap | cpu "
                                        "(default: the planner's choice)."),
+    exact: bool = c.EXACT,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
     """Plan memory placement (GPU layers, drafter, KV cache, context, mmap, threads) without loading."""
@@ -102,6 +103,14 @@ def plan(
     onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
     kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, long_drafts=draft == "auto", mlock=mlock,
               kv_type=kv_type, threads=threads, external_drafter=onnx_fp)
+    if exact:
+        from edgespec.engine import EngineConfig
+        from edgespec.llama import invariant
+        from edgespec.memory.budget import EXACT_PLAN
+
+        EngineConfig(exact=True, draft_tree=draft_tree, placement=placement)  # refuses what exact mode cannot keep
+        invariant.enable()  # calibration keys name the kernels
+        kw.update(EXACT_PLAN, draft_tree=False, kv_type="q4_0" if kv_type == "q4_0" else "q8_0")
     m = planner.machine()
     p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
     if draft == "auto" and drafter is not None and p.drafter_placement != "none":

@@ -149,11 +149,13 @@ class Engine:
             # Plan before loading anything: an impossible budget is refused here, cheaply.
             from edgespec.memory.budget import placement
 
+            if config.exact:  # before the plan reads calibrations keyed by the kernels
+                invariant.enable()
             self.placement = placement(str(path), self.store, config.ram_budget, config.n_ctx, config.draft,
                                        config.draft_model, config.draft_max,
                                        False if config.exact else config.draft_tree,
                                        config.n_threads, config.n_seq_max or 1, config.vram_budget,
-                                       config.placement, config.onnx_provider, config.onnx_bits)
+                                       config.placement, config.onnx_provider, config.onnx_bits, config.exact)
             model_params, ctx_params = self.placement.model_params, self.placement.context_params
             plan = self.placement.plan
             self.draft_shape = placements.DraftShape(plan.draft_max, plan.draft_tree)

@@ -4,6 +4,8 @@ matmul switch once per process, at its first matrix multiplication.
 
     python tests/exact_run.py answers PROMPTS_JSON MAX_TOKENS DRAFT...
     python tests/exact_run.py late     (a default load decodes first: exact mode must refuse)
+    python tests/exact_run.py placement MODE TARGET DRAFTER PROMPTS_JSON MAX_TOKENS
+                                       (one engine of that placement, plain then speculative)
 """
 from __future__ import annotations
 
@@ -38,9 +40,34 @@ def late() -> dict:
     return {"error": None}
 
 
+def placement(mode: str, target: str, drafter: str, prompts: list[str], max_tokens: int) -> dict:
+    """Plain decoding, then 8-token model chains drafted at every step whatever their confidence,
+    on one exact engine of ``mode`` (draft-gpu, overlap: a GPU drafter beside a CPU target)."""
+    from edgespec.decode.loop import Decoder
+    from edgespec.decode.request import GenerationRequest
+    from edgespec.decode.sampling import SamplingParams
+
+    cfg = EngineConfig(model=target, n_ctx=1024, placement=mode, n_threads=8, draft="model",
+                       draft_model=drafter, draft_max=8, exact=True)
+    req = GenerationRequest(max_tokens=max_tokens, ignore_eos=True, sampling=SamplingParams(temperature=0.0))
+    out = {"plain": [], "spec": [], "drafted": 0}
+    with Engine(cfg) as engine:
+        engine.drafter.min_confidence = 0.0
+        for decoder, key in ((Decoder(engine.model, engine.seq), "plain"), (engine.decoder, "spec")):
+            for p in prompts:
+                engine.reset()
+                done = list(decoder.stream(engine.chat_tokens([{"role": "user", "content": p}]), req))[-1]
+                out[key].append(list(done.token_ids))
+                out["drafted"] += done.stats.spec.drafted if done.stats.spec else 0
+        out["drafter_on_gpu"] = engine.placement.plan.drafter_placement == "gpu"
+    return out
+
+
 def main() -> None:
     if sys.argv[1] == "late":
         result = late()
+    elif sys.argv[1] == "placement":
+        result = placement(*sys.argv[2:5], json.loads(sys.argv[5]), int(sys.argv[6]))
     else:
         prompts, max_tokens = json.loads(sys.argv[2]), int(sys.argv[3])
         result = {d: answers(d, prompts, max_tokens) for d in sys.argv[4:]}

@@ -10,7 +10,10 @@ accepts little still exercises drafting, verification and rollback on the GPU.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,6 +112,21 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
         assert drafted > 0, "nothing was drafted"
     for t in ties:
         assert 0 <= t["gap"] <= 2 * t["local_deviation"], f"{mode}/{draft}: not a near-tie: {t}"
+
+
+@skip_without_gpu
+@pytest.mark.parametrize("mode", ["draft-gpu", "overlap"])
+def test_exact_mode_beside_a_gpu_drafter(mode):
+    """--exact with the drafter on the GPU and the target on this host's CPU: greedy speculation
+    equals plain greedy with no tolerance. In a child process (tests/exact_run.py): llama.cpp
+    reads its tiled-matmul switch once per process, and this one has decoded already."""
+    runner = Path(__file__).with_name("exact_run.py")
+    proc = subprocess.run([sys.executable, str(runner), "placement", mode, str(TARGET), str(DRAFTER),
+                           json.dumps(PROMPTS), str(TOKENS)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    assert r["drafter_on_gpu"] and r["drafted"] > 0, r
+    assert r["spec"] == r["plain"]
 
 
 @skip_without_gpu

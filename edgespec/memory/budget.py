@@ -83,14 +83,20 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
     return estimate_onnx_drafter(fp, onnx_dir_for(store, path, bits), bits, used_provider(provider))
 
 
+# What exact mode (edgespec.llama.invariant) forces on a plan: flash attention follows the cache.
+EXACT_PLAN = {"repack": False, "kv_type": "q8_0"}
+
+
 def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,
               draft_model: str | None, draft_max: int | None, draft_tree: bool | None, threads: int | None,
               n_seq_max: int, vram_budget: int | None = None, mode: str | None = None,
-              onnx_provider: str = "cpu", onnx_bits: str = "exact") -> Placement:
+              onnx_provider: str = "cpu", onnx_bits: str = "exact", exact: bool = False) -> Placement:
     """Plans the load within the budgets (None: what the machine has free, minus a margin) and,
     when ``mode`` is given, in that placement; raises BudgetExceeded when nothing fits and
     PlacementUnavailable when the mode needs a GPU this build lacks. ``draft_max`` and
-    ``draft_tree`` None: the placement's default (the plan's ``draft_max``/``draft_tree``)."""
+    ``draft_tree`` None: the placement's default (the plan's ``draft_max``/``draft_tree``).
+    ``exact``: the target as exact mode loads it (edgespec.llama.invariant: no repacking, a q8_0
+    cache), so that the memory counted and the calibration keys read are those of that load."""
     target = model_file(target_path)
     kind = kind_of(draft) if draft is not None else None
     dpath = _optional_drafter(draft, draft_model, target.fingerprint, store) if kind else None
@@ -104,7 +110,8 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
                                  n_ctx=n_ctx, suffix=uses_suffix, draft_max=draft_max, draft_tree=draft_tree,
                                  long_drafts=draft == "auto",
                                  threads=threads, placement=mode, external_drafter=onnx_fp,
-                                 drafter_required=kind is not None and kind.model == "always")
+                                 drafter_required=kind is not None and kind.model == "always",
+                                 **(EXACT_PLAN if exact else {}))
 
     plan = plan_with(drafter_fp)
     notes = []
