@@ -35,16 +35,20 @@ TIMED = ("default (repacked, no flash attention)", "exact: no repacking, flash a
 
 
 def child(repack: bool, fa: bool, kv: str, timed: bool, model: str) -> dict:
-    import numpy as np
-
+    # llama.cpp before numpy: on the GPU machine a process that loaded numpy first died at its
+    # first model load (benchmarks/RESULTS-gpu.md section 4)
     from edgespec.drafters.auto.calibrate import fill_context, time_batch
     from edgespec.files.store import ModelStore
     from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
 
-    m = LlamaModel(ModelStore().resolve(model), ModelParams(repack=repack))
-    ctx = LlamaContext(m, ContextParams(n_ctx=2048, flash_attn=fa, kv_type=kv))
+    import numpy as np
+
+    # CPU kernels only: in a CUDA build, weights outside pinned host buffers (no_host) so that
+    # repacking happens, and no op offload (batches of 32+ would multiply on the GPU)
+    m = LlamaModel(ModelStore().resolve(model), ModelParams(repack=repack, no_host=repack))
+    ctx = LlamaContext(m, ContextParams(n_ctx=2048, flash_attn=fa, kv_type=kv, op_offload=False))
     text = m.tokenize(SOURCE.read_text())
-    out = {"deviation": {}, "cost_ms": {}}
+    out = {"deviation": {}, "cost_ms": {}, "threads": ctx.n_threads}
     try:
         for length in CONTEXTS:
             head, rows = text[:length], text[length:length + 64]
