@@ -37,7 +37,7 @@ TIMED = ("default (repacked, no flash attention)", "exact: no repacking, flash a
 def child(repack: bool, fa: bool, kv: str, timed: bool, model: str) -> dict:
     # llama.cpp before numpy: on the GPU machine a process that loaded numpy first died at its
     # first model load (benchmarks/RESULTS-gpu.md section 4)
-    from edgespec.drafters.auto.calibrate import fill_context, time_batch
+    from edgespec.drafters.auto.calibrate import fill_context, time_batch  # noqa: I001
     from edgespec.files.store import ModelStore
     from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
 

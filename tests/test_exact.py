@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TARGET
+
 from edgespec.bench.runner import BenchSettings, run_bench
 from edgespec.drafters.auto.calibrate import calibration_key
 from edgespec.engine import EngineConfig
@@ -26,17 +26,17 @@ from edgespec.llama.backend import ContextParams, LlamaContext, ModelParams
 
 RUNNER = Path(__file__).with_name("exact_run.py")
 PROMPTS = [
-    "Add type hints to this function:\ndef add(a, b):\n    return a + b\n\n"
-    "def scale(values, factor):\n    return [v * factor for v in values]\n",
-    "Repeat the following text exactly: The quick brown fox jumps over the lazy dog. "
-    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    ("Add type hints to this function:\ndef add(a, b):\n    return a + b\n\n"
+     "def scale(values, factor):\n    return [v * factor for v in values]\n"),
+    ("Repeat the following text exactly: The quick brown fox jumps over the lazy dog. "
+     "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog."),
     "Write a short story about a dragon who loves tea.",
     "Translate to French: The weather is lovely today and I want to walk in the park.",
 ]
 
 
 def _child(*args: str, timeout: int = 600) -> dict:
-    proc = subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(RUNNER), *args], check=False, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
@@ -122,12 +122,13 @@ def test_exact_mode_refuses_after_default_kernels_ran(store):
 def test_plan_shows_the_exact_load(store):
     """`plan --exact` counts the load exact mode makes (no repacked copy, a q8_0 cache, chains)."""
     edgespec = Path(sys.executable).with_name("edgespec")
-    proc = subprocess.run([str(edgespec), "plan", "-m", TARGET, "--exact", "--json"], capture_output=True,
+    proc = subprocess.run([str(edgespec), "plan", "-m", TARGET, "--exact", "--json"], check=False, capture_output=True,
                           text=True, timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert (plan["repack"], plan["kv_type"], plan["flash_attn"], plan["draft_tree"]) == (False, "q8_0", True, False)
-    refused = subprocess.run([str(edgespec), "plan", "-m", TARGET, "--exact", "--draft-tree"], capture_output=True,
+    refused = subprocess.run([str(edgespec), "plan", "-m", TARGET, "--exact", "--draft-tree"], check=False,
+                             capture_output=True,
                              text=True, timeout=120, env=dict(os.environ))
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "drafts chains" in refused.stderr

@@ -122,7 +122,8 @@ def test_exact_mode_beside_a_gpu_drafter(mode):
     reads its tiled-matmul switch once per process, and this one has decoded already."""
     runner = Path(__file__).with_name("exact_run.py")
     proc = subprocess.run([sys.executable, str(runner), "placement", mode, str(TARGET), str(DRAFTER),
-                           json.dumps(PROMPTS), str(TOKENS)], capture_output=True, text=True, timeout=600)
+                           json.dumps(PROMPTS), str(TOKENS)], check=False, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout)
     assert r["drafter_on_gpu"] and r["drafted"] > 0, r
