@@ -43,7 +43,8 @@ EXACT = typer.Option(False, "--exact",
                      help="Greedy speculation returns plain greedy's answer bit for bit: batch-invariant "
                           "CPU kernels (no weight repacking, flash attention over a q8_0 cache, llama.cpp's "
                           "tiled matmul off) and chain drafts. The target must run on the CPU; on the "
-                          "2-core test VM a token costs ~6% more and a 16-token verification twice as much.")
+                          "2-core test VM plain decoding is 5-10% slower and a 16-token verification "
+                          "costs twice as much.")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
 ONNX_PROVIDER = typer.Option("cpu", "--onnx-provider",
                              help="--draft onnx: onnxruntime execution provider, cpu | cuda | tensorrt | dml | "

@@ -104,13 +104,16 @@ def plan(
     kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, long_drafts=draft == "auto", mlock=mlock,
               kv_type=kv_type, threads=threads, external_drafter=onnx_fp)
     if exact:
+        if kv_type not in (None, "q8_0"):
+            raise InvalidRequest("--exact plans a q8_0 KV cache (its attention kernel does not depend on "
+                                 f"the batch); drop --kv-type {kv_type}")
         from edgespec.engine import EngineConfig
         from edgespec.llama import invariant
         from edgespec.memory.budget import EXACT_PLAN
 
         EngineConfig(exact=True, draft_tree=draft_tree, placement=placement)  # refuses what exact mode cannot keep
         invariant.enable()  # calibration keys name the kernels
-        kw.update(EXACT_PLAN, draft_tree=False, kv_type="q4_0" if kv_type == "q4_0" else "q8_0")
+        kw.update(EXACT_PLAN, draft_tree=False)
     m = planner.machine()
     p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
     if draft == "auto" and drafter is not None and p.drafter_placement != "none":

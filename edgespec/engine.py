@@ -86,7 +86,7 @@ class EngineConfig:
     # row is computed bit for bit as a one-token decode, so greedy speculation returns exactly
     # the answer plain greedy decoding gives under the same kernels (which can differ from the
     # default kernels' at near-ties). Verifies chains only (SpeculativeStep.chains_only). Turns
-    # llama.cpp's tiled matmul off for the whole process and the processes it starts.
+    # llama.cpp's tiled matmul off for the whole process (native bench peers keep theirs).
     exact: bool = False
 
     def __post_init__(self) -> None:

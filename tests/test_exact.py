@@ -47,7 +47,7 @@ def test_exact_settings():
     assert invariant.model_params(ModelParams()).repack is False
     c = invariant.context_params(ContextParams())
     assert (c.flash_attn, c.kv_type, c.op_offload) == (True, "q8_0", False)
-    assert invariant.context_params(ContextParams(kv_type="q4_0")).kv_type == "q4_0"  # already smaller
+    assert invariant.context_params(ContextParams(kv_type="q4_0")).kv_type == "q8_0"  # the one it plans
 
 
 @pytest.mark.parametrize("options, fragment", [

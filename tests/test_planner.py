@@ -350,6 +350,19 @@ def test_auto_context_is_capped_to_fit(fp):
     assert "capped" in next(d.why for d in p.decisions if d.name == "n_ctx")
 
 
+
+def test_exact_plans_keep_the_target_on_the_cpu(fp):
+    """Exact mode (budget.EXACT_PLAN) on a GPU machine: the drafter may take the GPU, the target not."""
+    from edgespec.memory.budget import EXACT_PLAN
+
+    t, dr = fp(TARGET), fp(DRAFTER)
+    free = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB))
+    assert free.n_gpu_layers > 0  # without it the target goes to the GPU
+    p = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB), **EXACT_PLAN)
+    assert p.placement in ("draft-gpu", "cpu") and p.n_gpu_layers == 0
+    assert (p.repack, p.kv_type, p.flash_attn) == (False, "q8_0", True)
+
+
 def test_gpu_offload_fills_vram_then_the_drafter_follows(fp):
     t, dr = fp(TARGET), fp(DRAFTER)
     big = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB))

@@ -199,6 +199,12 @@ def test_main_path_follows_first_children():
     assert path.scores.tolist() == [0.9, 0.8, 0.7, 0.6]
     assert (path.source, path.match_len) == ("suffix", 3)
     assert main_path(DraftTree.empty()).tokens.tolist() == []
+    # a sampled tree: each kept node keeps the draft distribution it was drawn from
+    q_ids = tuple(np.array([t, t + 1]) for t in tree.tokens)
+    q_probs = tuple(np.array([0.5 + 0.01 * i, 0.5 - 0.01 * i]) for i in range(len(tree)))
+    sampled = main_path(DraftTree(tree.tokens, tree.parents, q_ids, q_probs))
+    assert [q.tolist() for q in sampled.q_ids] == [[10, 11], [11, 12], [13, 14], [14, 15]]
+    assert [round(float(q[0]), 2) for q in sampled.q_probs] == [0.5, 0.51, 0.53, 0.54]
 
 
 class _ChainsSeen(KVSequence):

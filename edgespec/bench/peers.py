@@ -150,6 +150,7 @@ def _native_env() -> dict[str, str]:
 
     return {**{k: v for k, v in os.environ.items() if k != TILED_MM_ENV}, "LC_ALL": "C"}
 
+
 def _num(s: str) -> float:
     return float(s)
 

@@ -196,6 +196,8 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     configs = validate_configs(configs, settings.recheck_gap)
     if settings.exact and "model-tree" in map(base_config, configs):
         raise InvalidRequest("model-tree drafts trees, which exact mode does not verify: drop it or --exact")
+    if settings.exact and any(c.endswith(RECHECK) for c in configs):
+        raise InvalidRequest("exact mode computes every verified row as plain decoding does: drop X+recheck or --exact")
     # A budget is planned for the target with the suffix drafter; configurations that add a
     # drafter model do so on top of it (auto only when the plan leaves room for one).
     planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None

@@ -84,7 +84,7 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
 
 
 # What exact mode (edgespec.llama.invariant) forces on a plan: flash attention follows the cache.
-EXACT_PLAN = {"repack": False, "kv_type": "q8_0"}
+EXACT_PLAN = {"repack": False, "kv_type": "q8_0", "cpu_target": True}
 
 
 def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,

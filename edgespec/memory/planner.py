@@ -393,11 +393,12 @@ class _Planner:
         return p
 
 
-def _layouts(pl: _Planner, forced: str | None) -> list[tuple[str, str]]:
+def _layouts(pl: _Planner, forced: str | None, cpu_target: bool = False) -> list[tuple[str, str]]:
     """(placement, drafter location) pairs to try: a drafter model runs where its placement puts
     it, or not at all; draft-gpu without a drafter model is the cpu placement."""
     names = [forced] if forced else [n for n, p in placements.MODES.items()
-                                     if p.automatic and (pl.gpu or not p.needs_gpu)]
+                                     if p.automatic and (pl.gpu or not p.needs_gpu)
+                                     and not (cpu_target and p.target != "cpu")]
     out = []
     for name in names:
         mode = placements.MODES[name]
@@ -433,7 +434,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
               suffix: bool = True, draft_max: int | None = None, draft_tree: bool | None = None, mlock: bool = False,
               kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
               repack: bool | None = None, threads: int | None = None, placement: str | None = None,
-              external_drafter=None, drafter_required: bool = False, long_drafts: bool = True) -> Plan:
+              external_drafter=None, drafter_required: bool = False, long_drafts: bool = True,
+              cpu_target: bool = False) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
 
     Args:
@@ -452,6 +454,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         mlock: lock the weights in RAM (only when possible; otherwise stated and off).
         drafter_required: the drafter model was asked for by name (``--draft model``): plans
             without it rank last instead of being weighed against target layers and cache.
+        cpu_target: only placements that keep the target on the CPU (exact mode).
     Raises:
         InvalidRequest: a context above the trained context, or out-of-range arguments.
         PlacementUnavailable: a forced placement needs a GPU this machine or build lacks.
@@ -484,7 +487,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
     def search(shape: placements.DraftShape, where: str | None) -> tuple[_Planner, _Eval, list[_Eval]]:
         pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, shape.draft_max, shape.tree, mmap,
                       repack, external_drafter, drafter_required)
-        evals = _candidates(pl, target, drafter, where, kv_type, n_ubatch, mmap, repack, n_ctx)
+        evals = _candidates(pl, target, drafter, where, kv_type, n_ubatch, mmap, repack, n_ctx, cpu_target)
         fitting = [e for e in evals if e.fits]
         if not fitting and where is not None and placements.MODES[where].needs_gpu:
             _refuse_vram(pl, evals, target, where)
@@ -549,7 +552,7 @@ def _longer_shape(search, best: _Eval, chains: placements.DraftShape, draft_max:
 
 def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | None, where: str | None,
                 kv_type: str | None, n_ubatch: int | None, mmap: bool | None, repack: bool | None,
-                n_ctx: int | None) -> list[_Eval]:
+                n_ctx: int | None, cpu_target: bool = False) -> list[_Eval]:
     """Every candidate configuration, evaluated (fitting or not)."""
     m = pl.m
     can_repack = target.repack_bytes(m.cpu_features) > 0 or (
@@ -562,7 +565,7 @@ def _candidates(pl: _Planner, target: ModelFootprint, drafter: ModelFootprint | 
     suffix_opts = list(SUFFIX_CAPS) if pl.suffix else [0]
     evals: list[_Eval] = []
     for resident, rp, kv, ub, ctx, (where_, dr), sc in product(resident_opts, repack_opts, kv_opts, ub_opts,
-                                                               ctx_opts, _layouts(pl, where), suffix_opts):
+                                                               ctx_opts, _layouts(pl, where, cpu_target), suffix_opts):
         if not resident and (rp or dr != "none" or where_ != "cpu"):
             continue  # file-backed weights: on the CPU, no repacked copy, no drafter model
         cfg = _Cfg(resident, rp, kv, ub, ctx, dr, sc, where_)

@@ -89,7 +89,9 @@ class SpeculativeStep:
 
     ``chains_only``: every draft is cut to its main path (``main_path``) before verification.
     Exact mode needs it: after a tree's commit the next tokens fill the freed cells of its other
-    branches, before the accepted ones, and attention sums over cells in cell order.
+    branches, before the accepted ones (llama.cpp's find_slot), and flash attention sums over
+    cells in cell order, so later rows are no longer plain decoding's bit for bit. Read from the
+    code, not measured: runs that verified suffix trees gave plain's answers on 42/42 too.
     """
 
     def __init__(self, drafter: Drafter, draft_max: int = 32, recheck_gap: float = 0.0,
