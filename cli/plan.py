@@ -104,12 +104,13 @@ def plan(
     kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, long_drafts=draft == "auto", mlock=mlock,
               kv_type=kv_type, threads=threads, external_drafter=onnx_fp)
     if exact:
-        if kv_type not in (None, "q8_0"):
-            raise InvalidRequest("--exact plans a q8_0 KV cache (its attention kernel does not depend on "
-                                 f"the batch); drop --kv-type {kv_type}")
         from edgespec.engine import EngineConfig
         from edgespec.llama import invariant
         from edgespec.memory.budget import EXACT_PLAN
+
+        if kv_type not in (None, invariant.KV_TYPE):
+            raise InvalidRequest(f"--exact plans a {invariant.KV_TYPE} KV cache (its attention kernel does not "
+                                 f"depend on the batch); drop --kv-type {kv_type}")
 
         EngineConfig(exact=True, draft_tree=draft_tree, placement=placement)  # refuses what exact mode cannot keep
         invariant.enable()  # calibration keys name the kernels

@@ -143,14 +143,14 @@ class Engine:
         self.config = config
         self.store = store or ModelStore()
         path = self.store.resolve(config.model)
+        if config.exact:  # before the plan reads calibrations keyed by the kernels, and any decode
+            invariant.enable()
         self.placement = None
         self.releaser = None
         if config.planned:
             # Plan before loading anything: an impossible budget is refused here, cheaply.
             from edgespec.memory.budget import placement
 
-            if config.exact:  # before the plan reads calibrations keyed by the kernels
-                invariant.enable()
             self.placement = placement(str(path), self.store, config.ram_budget, config.n_ctx, config.draft,
                                        config.draft_model, config.draft_max,
                                        False if config.exact else config.draft_tree,
@@ -168,7 +168,7 @@ class Engine:
             ctx_params = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq,
                                        flash_attn=_flash_attn(config))
         if config.exact:
-            model_params, ctx_params = _exact_params(model_params, ctx_params)
+            model_params, ctx_params = invariant.model_params(model_params), invariant.context_params(ctx_params)
         self.model = LlamaModel(path, model_params)
         if self.placement is not None and self.placement.file_backed:
             from edgespec.memory.filebacked import WeightReleaser
@@ -377,16 +377,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _exact_params(model_params: ModelParams, ctx_params: ContextParams) -> tuple[ModelParams, ContextParams]:
-    """The load's parameters with batch-invariant kernels (edgespec.llama.invariant), which also
-    never hold more memory than the plan counted: no repacked copy, a cache no larger."""
-    if model_params.n_gpu_layers != 0:
-        raise InvalidRequest(f"exact mode needs the target on the CPU, but the plan puts {model_params.n_gpu_layers} "
-                             "of its layers on the GPU: use --placement cpu or draft-gpu")
-    invariant.enable()
-    return invariant.model_params(model_params), invariant.context_params(ctx_params)
 
 
 def _flash_attn(config: EngineConfig) -> bool | None:

@@ -16,8 +16,8 @@ flip a near-tie. Three kernel choices depend on the batch:
 
 Without repacking, with flash attention over a q8_0 cache and the tiled matmul off, every row
 of batches of 2 to 64 tokens equalled its one-token decode exactly after 150 and 1000 tokens of
-context (exact mode plans q8_0: edgespec.memory.budget.EXACT_PLAN). The price, in the same file: past 4 rows a batch grows by about a row's arithmetic
-per token, so drafts pay less. Measured on x86 (AVX-512) only.
+context. The price, in the same file: past 4 rows a batch grows by about a row's arithmetic per
+token, so drafts pay less. Measured on x86 (AVX-512) only.
 
 The tiled-matmul switch is an environment variable that llama.cpp reads once per process, at its
 first matrix multiplication: ``enable()`` must run before anything is decoded. ``deviation``
@@ -34,6 +34,9 @@ from edgespec.errors import BackendError
 from edgespec.llama.backend import ContextParams, LlamaContext, ModelParams
 
 TILED_MM_ENV = "GGML_CPU_TILED_MM"
+# The one cache type of exact mode (the planner plans it: edgespec.memory.budget.EXACT_PLAN):
+# an f16 cache splits one-token decodes across threads.
+KV_TYPE = "q8_0"
 PROBE_TEXT = "def mean(values):\n    total = sum(values)\n    return total / len(values)\n\nprint(mean([1, 2, 3]))\n"
 PROBE_HEAD = 4   # tokens decoded before the probed rows
 # The tiled matmul's threshold (8 rows); even, since ARM's two-row int8 kernels need an even
@@ -65,9 +68,9 @@ def model_params(p: ModelParams) -> ModelParams:
 
 
 def context_params(p: ContextParams) -> ContextParams:
-    """``p`` with flash attention over a q8_0 cache (an f16 one splits one-token decodes across
-    threads), and batches kept on the CPU (op offload would multiply them on a GPU)."""
-    return replace(p, flash_attn=True, kv_type="q8_0", op_offload=False)
+    """``p`` with flash attention over a KV_TYPE cache, and batches kept on the CPU (op offload
+    would multiply them on a GPU)."""
+    return replace(p, flash_attn=True, kv_type=KV_TYPE, op_offload=False)
 
 
 def deviation(ctx: LlamaContext, seq: int = 0) -> float:

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from edgespec.memory import planner
+from edgespec.llama import invariant
 from edgespec.llama.backend import ContextParams, ModelParams
 from edgespec.drafters import KINDS, DraftConfig, drafter_model_path, kind_of
 from edgespec.files.modelfile import model_file
@@ -84,7 +85,7 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
 
 
 # What exact mode (edgespec.llama.invariant) forces on a plan: flash attention follows the cache.
-EXACT_PLAN = {"repack": False, "kv_type": "q8_0", "cpu_target": True}
+EXACT_PLAN = {"repack": False, "kv_type": invariant.KV_TYPE, "cpu_target": True}
 
 
 def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,
