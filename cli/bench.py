@@ -61,7 +61,8 @@ def bench(
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Prompts per category (deterministic)."),
     split: str = typer.Option("tune", "--split",
                               help="tune: the --limit prompts tuning used | validate: those halfway "
-                                   "between them | test: those a quarter of the way (all disjoint)."),
+                                   "between them | test: those a quarter of the way | test2: three quarters "
+                                   "(all disjoint)."),
     configs: str = typer.Option("plain,suffix", "--configs",
                                 help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, onnx, peer:...; "
                                      "X+recheck: X re-checking near-ties at --recheck-gap."),

@@ -60,11 +60,13 @@ def test_validate_split_is_disjoint_from_the_tuning_picks():
         select(code, 3, "holdout")
 
 
-def test_test_split_is_disjoint_from_both_others():
+def test_test_splits_are_disjoint_from_the_others():
     specbench = load_suite("specbench")
-    picks = [{p.id for p in select(specbench, 5, split)} for split in ("tune", "validate", "test")]
-    assert [len(p) for p in picks] == [30, 30, 30]
-    assert not picks[0] & picks[2] and not picks[1] & picks[2]
+    picks = [{p.id for p in select(specbench, 5, split)} for split in ("tune", "validate", "test", "test2")]
+    assert [len(p) for p in picks] == [30, 30, 30, 30]
+    assert len(set().union(*picks)) == 120
+    with pytest.raises(InvalidRequest, match="--split test2 needs --limit <= 3"):
+        select(load_suite("code-edit"), 4, "test2")
     with pytest.raises(InvalidRequest, match="--split test needs --limit <= 3"):
         select(load_suite("code-edit"), 4, "test")  # 12 per category: a quarter-step of 3 or more
 

@@ -26,9 +26,10 @@ SUITES = {
 }
 # --split: `tune` takes --limit evenly spaced prompts per category (the ones every tuning run
 # used); `validate` the prompts halfway between them, a disjoint set to report on; `test` those
-# a quarter of the way, disjoint from both, for a policy settled after `validate` was seen.
-SPLITS = ("tune", "validate", "test")
-_SHIFT = {"tune": 0, "validate": 2, "test": 4}  # split -> the spacing's divisor (0: no shift)
+# a quarter of the way, disjoint from both, for a policy settled after `validate` was seen;
+# `test2` those three quarters of the way, for a policy settled after `test` was seen.
+SPLITS = ("tune", "validate", "test", "test2")
+_SHIFT = {"tune": (0, 1), "validate": (1, 2), "test": (1, 4), "test2": (3, 4)}  # split -> fraction of the spacing
 # Spec-Bench reports the eight MT-bench sub-categories together as one category.
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 SPECBENCH_CATEGORY = "multi_turn"
@@ -98,7 +99,7 @@ def load_suite(name: str) -> list[BenchPrompt]:
 def select(prompts: list[BenchPrompt], limit: int | None, split: str = "tune") -> list[BenchPrompt]:
     """Up to ``limit`` prompts per category, evenly spaced through the file (deterministic);
     with ``split="validate"`` the prompts halfway between those, with ``split="test"`` those a
-    quarter of the way (the three disjoint).
+    quarter of the way, with ``split="test2"`` three quarters (the four disjoint).
 
     Even spacing rather than the first k keeps Spec-Bench's multi-turn category spread over
     its eight sub-categories, which sit in blocks in the file.
@@ -116,11 +117,11 @@ def select(prompts: list[BenchPrompt], limit: int | None, split: str = "tune") -
         by_cat.setdefault(p.category, []).append(p)
     chosen = set()
     for cat, items in by_cat.items():
-        k, divisor = min(limit, len(items)), _SHIFT[split]
-        if divisor and divisor * k > len(items):
-            raise InvalidRequest(f"--split {split} needs --limit <= {len(items) // divisor} "
+        k, (num, den) = min(limit, len(items)), _SHIFT[split]
+        if num and den * k > len(items):
+            raise InvalidRequest(f"--split {split} needs --limit <= {len(items) // den} "
                                  f"({cat} has {len(items)} prompts)")
-        shift = len(items) // (divisor * k) if divisor else 0
+        shift = num * len(items) // (den * k)
         chosen.update(items[i * len(items) // k + shift].id for i in range(k))
     return [p for p in prompts if p.id in chosen]
 
