@@ -170,6 +170,19 @@ class Engine:
         if config.exact:
             model_params, ctx_params = invariant.model_params(model_params), invariant.context_params(ctx_params)
         self.model = LlamaModel(path, model_params)
+        self.ctx = self.drafter = None
+        try:
+            self._build(config, path, ctx_params)
+        except BaseException:
+            self._free()
+            raise
+        self.queue = RequestQueue(config.max_queue)
+        self._closed = False
+
+    def _build(self, config: EngineConfig, path, ctx_params: ContextParams) -> None:
+        """What serves requests over the loaded model: the releaser of file-backed weights, the
+        context (checked in exact mode), the decoder and the drafter. On a raise the caller frees
+        what was built (``_free``)."""
         if self.placement is not None and self.placement.file_backed:
             from edgespec.memory.filebacked import WeightReleaser
 
@@ -179,23 +192,19 @@ class Engine:
                                  f"{self.model.n_ctx_train}")
         self.ctx = LlamaContext(self.model, ctx_params)
         if config.exact:
-            try:
-                invariant.check(self.ctx)
-            except Exception:
-                self.ctx.close()
-                if self.releaser is not None:
-                    self.releaser.close()
-                self.model.close()
-                raise
+            invariant.check(self.ctx)
         self.seq = KVSequence(self.ctx)
-        self.drafter = None
         self.decoder = Decoder(self.model, self.seq)
         if config.draft is not None:
             self._init_speculation(config)
         self.template = ChatTemplate(self.model.chat_template, self._special_text(self.model.bos),
                                      self._special_text(self.model.eos))
-        self.queue = RequestQueue(config.max_queue)
-        self._closed = False
+
+    def _free(self) -> None:
+        """Frees the drafter, the context, the releaser and the model, whichever exist."""
+        for part in (self.drafter, self.ctx, self.releaser, self.model):
+            if part is not None and hasattr(part, "close"):
+                part.close()
 
     def _init_speculation(self, config: EngineConfig) -> None:
         from edgespec.drafters import DraftConfig, make_drafter
@@ -205,7 +214,8 @@ class Engine:
         shape = self.draft_shape
         draft_cfg = DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=shape.tree,
                                 n_ctx=self.ctx.n_ctx, n_threads=config.n_threads, draft_max=shape.draft_max,
-                                onnx_provider=config.onnx_provider, onnx_bits=config.onnx_bits)
+                                onnx_provider=config.onnx_provider, onnx_bits=config.onnx_bits,
+                                chains=config.exact)
         if p is not None:
             draft_cfg = replace(p.drafter_config(draft_cfg), kind=p.draft)
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
@@ -365,12 +375,7 @@ class Engine:
         if not self.queue.wait_idle(timeout):
             log.warning("a generation did not stop within %.0f s; its memory is not freed", timeout)
             return
-        if self.drafter is not None and hasattr(self.drafter, "close"):
-            self.drafter.close()
-        self.ctx.close()
-        if self.releaser is not None:
-            self.releaser.close()
-        self.model.close()
+        self._free()
 
     def __enter__(self) -> "Engine":
         return self

@@ -147,6 +147,27 @@ def test_generation_stops_at_a_full_context(small_model):
         ctx.close()
 
 
+def test_a_refused_engine_frees_what_it_loaded(monkeypatch):
+    """A load refused after the model is in memory (a context beyond the trained one, without a
+    plan to refuse it first) frees the model before raising, not at garbage collection."""
+    from edgespec.llama import backend
+
+    freed = []
+    close = backend.LlamaModel.close
+
+    def spy(model):
+        freed.append(model._model is not None)
+        close(model)
+    monkeypatch.setattr(backend.LlamaModel, "close", spy)
+    try:
+        Engine(EngineConfig(model=SMALL, n_ctx=10 ** 6))
+    except InvalidRequest as e:  # the traceback still holds the half-built engine here
+        assert "exceeds the model's trained context" in str(e)
+        assert freed == [True]
+    else:
+        pytest.fail("a context beyond the trained one was accepted")
+
+
 def test_bad_requests():
     with pytest.raises(InvalidRequest):
         GenerationRequest(max_tokens=0)

@@ -164,13 +164,13 @@ _LOAD_SCRIPT = r"""
 import gc, json, sys
 import psutil
 from edgespec.llama import backend, probe
-path, n_ctx, n_ubatch, n_seq, prefill, verify, mmap, fa = sys.argv[1], *map(int, sys.argv[2:])
+path, n_ctx, n_ubatch, n_seq, prefill, verify, mmap, fa, repack = sys.argv[1], *map(int, sys.argv[2:])
 backend.ensure_initialized()
 proc = psutil.Process()
 gc.collect()
 before = proc.memory_info().rss
 with probe.capture_llama_log() as cap:
-    model = backend.LlamaModel(path, backend.ModelParams(use_mmap=bool(mmap)))
+    model = backend.LlamaModel(path, backend.ModelParams(use_mmap=bool(mmap), repack=bool(repack)))
     ctx = backend.LlamaContext(model, backend.ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=n_ubatch,
                                                             n_seq_max=n_seq, n_threads=2,
                                                             flash_attn=bool(fa)))
@@ -185,12 +185,12 @@ print(json.dumps({"rss": proc.memory_info().rss - before, "reported": probe.repo
 
 
 def _real_load(path, n_ctx: int, n_ubatch: int, n_seq: int, prefill: int, verify: int,
-               mmap: bool = True, flash_attn: bool = False) -> dict:
+               mmap: bool = True, flash_attn: bool = False, repack: bool = True) -> dict:
     """RSS growth of loading a model the engine's way (LlamaModel, LlamaContext), prefilling one
     micro-batch and verifying ``verify`` rows, in a fresh process: a process that loaded and freed
     models before keeps their freed heap and would under-count."""
     r = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, str(path), str(n_ctx), str(n_ubatch), str(n_seq),
-                        str(prefill), str(verify), str(int(mmap)), str(int(flash_attn))], check=False, capture_output=True, text=True, timeout=300)
+                        str(prefill), str(verify), str(int(mmap)), str(int(flash_attn)), str(int(repack))], check=False, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -221,6 +221,23 @@ def test_resident_memory_of_a_full_load_matches_the_plan(model_path, fp):
     assert within(est, got["rss"]), (est / MiB, got["rss"] / MiB)
     rep = got["reported"]
     assert within(f.weights_bytes - f.repack_bytes(planner.machine().cpu_features), rep["CPU model"], 0.01)
+
+
+def test_a_drafter_planned_without_repacking_is_loaded_without_it(model_path, fp):
+    """Exact and file-backed plans repack nothing; the CPU drafter is loaded as counted (mapped,
+    no repacked copy), not with llama.cpp's default."""
+    from edgespec.memory.budget import EXACT_PLAN, drafter_model_params
+
+    t, dr = fp(TARGET), fp(DRAFTER)
+    p = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=planner.machine(), **EXACT_PLAN)
+    assert p.drafter_placement == "cpu" and not p.drafter_repack and p.drafter_use_mmap
+    assert not drafter_model_params(p).repack
+    assert not any(x.component == "drafter repacked weights" for x in p.parts)
+    est = sum(x.bytes for x in p.parts if x.where == "RAM" and x.component.startswith("drafter"))
+    got = _real_load(model_path(DRAFTER), 2048, 64, 64, 64, 17, mmap=True, flash_attn=True, repack=False)
+    assert within(est, got["rss"]), (est / MiB, got["rss"] / MiB)
+    default = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=planner.machine())
+    assert default.drafter_placement == "cpu" and default.drafter_repack and drafter_model_params(default).repack
 
 
 @pytest.fixture(scope="module")

@@ -236,6 +236,23 @@ def test_chains_only_verifies_chains_and_keeps_greedy_answers(kind):
     assert sum(n > 1 for _, n in seq.shapes) > 4, seq.shapes  # multi-token drafts were verified
 
 
+def test_a_chains_only_suffix_index_proposes_its_main_path():
+    """DraftConfig.chains (exact mode): the suffix drafter proposes the main path of the tree it
+    would draft, so `auto` prices what is verified, and make_drafter passes the flag through."""
+    from edgespec.drafters import DraftConfig, make_drafter
+
+    rng = np.random.default_rng(9)
+    stem, tails = random_prompt(rng, 4)[1:], [random_prompt(rng, 5)[1:] for _ in range(3)]
+    prompt = random_prompt(rng, 8) + [t for tail in tails for t in stem + tail] + stem
+    trees, chains = SuffixDrafter(), make_drafter(DraftConfig(kind="suffix", chains=True), TARGET, None)
+    for d in (trees, chains):
+        d.begin(prompt)
+    tree, chain = trees.propose(prompt, 8), chains.propose(prompt, 8)
+    assert not is_chain(tree)  # the phrase has three continuations
+    assert chain.tokens.tolist() == main_path(tree).tokens.tolist() and is_chain(chain)
+    assert chain.scores.tolist() == main_path(tree).scores.tolist()
+
+
 def test_fit_draft_keeps_the_largest_valid_prefix():
     rng = np.random.default_rng(2)
     for _ in range(2000):

@@ -145,7 +145,7 @@ class _Runners:
         cfg = DraftConfig(kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
                           n_threads=self.settings.threads, draft_max=shape.draft_max, tree=shape.tree,
                           onnx_provider=self.settings.onnx_provider,
-                          onnx_bits=self.settings.onnx_bits)
+                          onnx_bits=self.settings.onnx_bits, chains=self.settings.exact)
         p = self.engine.placement
         return p.drafter_config(cfg) if p is not None else cfg
 

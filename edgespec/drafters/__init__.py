@@ -82,6 +82,9 @@ class DraftConfig:
     allow_onnx: bool = True
     onnx_provider: str = "cpu"  # onnx drafter: execution provider (edgespec.onnx.providers.PROVIDERS)
     onnx_bits: str = "exact"  # onnx drafter: which conversion ("exact" | "4", edgespec.onnx.convert)
+    # The suffix index proposes its main path only (exact mode verifies chains: `auto` then
+    # prices what is verified, not the whole tree).
+    chains: bool = False
 
     def __post_init__(self) -> None:
         check_onnx_options(self.onnx_provider, self.onnx_bits)
@@ -156,7 +159,7 @@ def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target
         IncompatibleModels: its vocabulary does not match the target's.
     """
     kind = kind_of(cfg.kind)
-    suffix = suffix_drafter(cfg.draft_max, cfg.suffix_history_tokens) if kind.suffix else None
+    suffix = suffix_drafter(cfg.draft_max, cfg.suffix_history_tokens, cfg.chains) if kind.suffix else None
     if kind.name == "auto":
         return _build_auto(cfg, target, suffix, target_ctx, store, shared_model)
     model = None
@@ -183,14 +186,15 @@ def cached_tree_costs(target_ctx, model, home: Path, tag: str = ""):
     return replace(verify, draft_token_s=draft) if draft is not None else None
 
 
-def suffix_drafter(draft_max: int, history_tokens: int = DEFAULT_HISTORY_TOKENS):
+def suffix_drafter(draft_max: int, history_tokens: int = DEFAULT_HISTORY_TOKENS, chains: bool = False):
     """A suffix drafter whose drafts may reach ``draft_max`` tokens: the index's depth leaves
     room for a match of as many tokens again (edgespec.drafters.suffix). Depth costs little:
-    137.5 bytes per held token at depth 64, 139.1 at 128 (the 30 Spec-Bench traces, native index)."""
+    137.5 bytes per held token at depth 64, 139.1 at 128 (the 30 Spec-Bench traces, native index).
+    ``chains``: it proposes each tree's main path only."""
     from edgespec.drafters.suffix import SuffixDrafter
 
     spec = max(32, draft_max)
-    return SuffixDrafter(max_depth=2 * spec, max_history_tokens=history_tokens, max_spec=spec)
+    return SuffixDrafter(max_depth=2 * spec, max_history_tokens=history_tokens, max_spec=spec, chains=chains)
 
 
 def _hybrid_model(cfg: DraftConfig, target: LlamaModel, store: ModelStore, path: Path):

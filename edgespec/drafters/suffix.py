@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgespec.spec.tree import DraftTree
+from edgespec.spec.verify import main_path
 from edgespec.drafters.suffix_index import SuffixIndex
 
 NAME = "suffix"
@@ -35,11 +36,13 @@ class SuffixDrafter:
 
     def __init__(self, max_depth: int = 64, max_history_tokens: int = DEFAULT_HISTORY_TOKENS, max_spec: int = 32,
                  alpha: float = 1.0, min_prob: float = 0.1, max_match: int | None = None,
-                 index=None) -> None:
+                 index=None, chains: bool = False) -> None:
         """``index``: an existing index to share (e.g. across drafter instances), else a new one.
 
         ``max_match``: longest suffix matched (default ``max_depth - max_spec``, at least 1).
+        ``chains``: propose each tree's main path (its likeliest continuation) only.
         """
+        self.chains = chains
         self.index = index if index is not None else SuffixIndex(
             max_depth=max_depth, max_history_tokens=max_history_tokens, max_spec=max_spec,
             alpha=alpha, min_prob=min_prob)
@@ -56,8 +59,9 @@ class SuffixDrafter:
         tokens, parents, scores, match_len = self.index.propose(tail, budget)
         if not tokens:
             return DraftTree.empty(NAME, match_len)
-        return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
+        tree = DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), source=NAME,
                          scores=np.asarray(scores, np.float64), match_len=match_len)
+        return main_path(tree) if self.chains else tree
 
     def observe(self, emitted: Sequence[int]) -> None:
         self.index.extend(emitted)

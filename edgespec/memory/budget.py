@@ -162,9 +162,12 @@ def target_model_params(plan: planner.Plan) -> ModelParams:
 
 
 def drafter_model_params(plan: planner.Plan) -> ModelParams:
+    """The drafter as the plan counted it: a CPU drafter repacked only where its copy was
+    planned (a plan without repacking, exact or file-backed, counts none); a GPU drafter keeps
+    llama.cpp's default, nothing of it being repacked."""
     on_cpu = plan.drafter_n_gpu_layers == 0
     return ModelParams(n_gpu_layers=plan.drafter_n_gpu_layers, use_mmap=plan.drafter_use_mmap,
-                       no_host=on_cpu and plan.no_host)
+                       repack=plan.drafter_repack or not on_cpu, no_host=on_cpu and plan.no_host)
 
 
 def _target_key(plan: planner.Plan, target_path: str) -> str:

@@ -58,6 +58,7 @@ def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprin
         repack=cfg.repack and e.repack_active, use_mlock=use_mlock, drafter_placement=cfg.drafter,
         placement=cfg.placement, no_host=no_host, op_offload=op_offload,
         drafter_n_gpu_layers=e.drafter_ngl, drafter_use_mmap=e.drafter_mmap,
+        drafter_repack=e.drafter_repack,
         suffix_drafter=bool(cfg.suffix_cap), suffix_cap_tokens=cfg.suffix_cap,
         draft_max=choice.shape.draft_max, draft_tree=choice.shape.tree,
         threads=n_thr, threads_batch=n_thr, ram_budget=pl.ram_budget, vram_budget=pl.vram_budget,

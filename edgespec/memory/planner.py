@@ -118,6 +118,7 @@ class Plan:
     op_offload: bool               # large batches run CPU-resident target layers on the GPU
     drafter_n_gpu_layers: int
     drafter_use_mmap: bool
+    drafter_repack: bool           # the drafter's CPU-resident weights get a repacked copy
     suffix_drafter: bool
     suffix_cap_tokens: int
     draft_max: int                 # most tokens a step drafts (edgespec.memory.placements.DraftShape)
@@ -152,6 +153,7 @@ class Plan:
             "type_k": KV_CACHE_TYPES[self.kv_type].ggml_id, "type_v": KV_CACHE_TYPES[self.kv_type].ggml_id,
             "flash_attn": self.flash_attn, "repack": self.repack, "weights_mode": self.weights_mode,
             "drafter_n_gpu_layers": self.drafter_n_gpu_layers, "drafter_use_mmap": self.drafter_use_mmap,
+            "drafter_repack": self.drafter_repack,
             "suffix_max_history_tokens": self.suffix_cap_tokens,
         }
 
@@ -188,6 +190,7 @@ class _Eval:
     drafter_ngl: int
     use_mmap: bool
     drafter_mmap: bool
+    drafter_repack: bool
     repack_active: bool
     target_ctx: ContextFootprint
     drafter_ctx: ContextFootprint | None
@@ -349,11 +352,11 @@ class _Planner:
         tparts, use_mmap, rp_on, rp_bytes, file_bytes = self._model_ram(
             t, tc, ngl, cfg.resident, repack, "target")
         parts += tparts
-        d_mmap = False
+        d_mmap = d_repack = False
         if dc is not None:
             if dngl:
                 parts.append(Part("drafter on GPU", gname, dvram, "all layers, KV cache and compute buffer"))
-            dparts, d_mmap, _, _, _ = self._model_ram(self.d, dc, dngl, True, cfg.repack, "drafter")
+            dparts, d_mmap, d_repack, _, _ = self._model_ram(self.d, dc, dngl, True, cfg.repack, "drafter")
             parts += dparts
         if cfg.suffix_cap:
             parts.append(Part("suffix index", "RAM", SUFFIX_BYTES_PER_TOKEN * (cfg.suffix_cap + cfg.n_ctx),
@@ -371,7 +374,7 @@ class _Planner:
         if placements.MODES[cfg.placement].target == "split" and ngl == 0:
             fits = False  # not one layer fits beside the drafter: that is draft-gpu or cpu
         penalty = self._penalty(cfg, ngl)
-        return _Eval(cfg, fits, ram, vram, penalty, parts, ngl, dngl, use_mmap, d_mmap, rp_on, tc, dc,
+        return _Eval(cfg, fits, ram, vram, penalty, parts, ngl, dngl, use_mmap, d_mmap, d_repack, rp_on, tc, dc,
                      rp_bytes, file_bytes)
 
     def _penalty(self, cfg: _Cfg, ngl: int) -> float:
