@@ -1,6 +1,8 @@
 """Plain generation with real models: equal to llama-cpp-python's greedy, prefix reuse, stops."""
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -152,6 +154,7 @@ def test_a_refused_engine_frees_what_it_loaded(monkeypatch):
     plan to refuse it first) frees the model before raising, not at garbage collection."""
     from edgespec.llama import backend
 
+    gc.collect()  # no model of an earlier test is freed while the spy counts
     freed = []
     close = backend.LlamaModel.close
 

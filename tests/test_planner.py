@@ -196,7 +196,7 @@ def _real_load(path, n_ctx: int, n_ubatch: int, n_seq: int, prefill: int, verify
 
 
 def _plan_same_config(f, n_ctx, n_ubatch, draft_max, mmap=True):
-    """The plan for exactly what _real_load does (LlamaModel always repacks today)."""
+    """The plan for exactly what _real_load does with its default (repacked) load."""
     p = planner.make_plan(f, None, 64 * GiB, None, n_ctx, machine_info=planner.machine(), suffix=True,
                           draft_max=draft_max, kv_type="f16", n_ubatch=n_ubatch, mmap=mmap, repack=True)
     est = sum(x.bytes for x in p.parts if x.where == "RAM" and x.component.startswith("target"))
@@ -224,20 +224,31 @@ def test_resident_memory_of_a_full_load_matches_the_plan(model_path, fp):
 
 
 def test_a_drafter_planned_without_repacking_is_loaded_without_it(model_path, fp):
-    """Exact and file-backed plans repack nothing; the CPU drafter is loaded as counted (mapped,
-    no repacked copy), not with llama.cpp's default."""
-    from edgespec.memory.budget import EXACT_PLAN, drafter_model_params
+    """A plan that drops repacking counts no repacked copy of the CPU drafter, and the drafter is
+    loaded that way (mapped, not repacked), not with llama.cpp's default."""
+    from edgespec.memory.budget import drafter_model_params
 
     t, dr = fp(TARGET), fp(DRAFTER)
-    p = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=planner.machine(), **EXACT_PLAN)
+    p = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=cpu_machine(), repack=False)
     assert p.drafter_placement == "cpu" and not p.drafter_repack and p.drafter_use_mmap
     assert not drafter_model_params(p).repack
     assert not any(x.component == "drafter repacked weights" for x in p.parts)
     est = sum(x.bytes for x in p.parts if x.where == "RAM" and x.component.startswith("drafter"))
     got = _real_load(model_path(DRAFTER), 2048, 64, 64, 64, 17, mmap=True, flash_attn=True, repack=False)
     assert within(est, got["rss"]), (est / MiB, got["rss"] / MiB)
-    default = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=planner.machine())
-    assert default.drafter_placement == "cpu" and default.drafter_repack and drafter_model_params(default).repack
+
+
+def test_exact_plans_repack_the_drafter_but_not_the_target(fp):
+    """Exact mode needs the target's kernels batch-invariant, not the drafter's: the drafter keeps
+    its repacked kernels (a full load, no second copy), the target is mapped as it is."""
+    from edgespec.memory.budget import EXACT_PLAN, drafter_model_params
+
+    t, dr = fp(TARGET), fp(DRAFTER)
+    p = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=cpu_machine(), **EXACT_PLAN)
+    assert p.drafter_placement == "cpu" and p.drafter_repack and not p.drafter_use_mmap
+    assert drafter_model_params(p).repack
+    assert not p.repack and p.use_mmap and not any(x.component == "target repacked weights" for x in p.parts)
+    assert "exact mode" in next(d.why for d in p.decisions if d.name == "repack")
 
 
 @pytest.fixture(scope="module")

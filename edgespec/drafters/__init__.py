@@ -143,8 +143,12 @@ def load_model_drafter(target: LlamaModel, path: Path, cfg: DraftConfig):
     from edgespec.drafters.model import ModelDrafter
 
     check_compatible(target.gguf, model_file(path).gguf)
-    return ModelDrafter(LlamaModel(path, cfg.model_params or ModelParams()), n_ctx=cfg.n_ctx,
-                        n_threads=cfg.n_threads, tree=cfg.tree)
+    model = LlamaModel(path, cfg.model_params or ModelParams())
+    try:
+        return ModelDrafter(model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, tree=cfg.tree, owns_model=True)
+    except BaseException:
+        model.close()
+        raise
 
 
 def make_drafter(cfg: DraftConfig, target: LlamaModel, store: ModelStore, target_ctx=None,

@@ -112,10 +112,12 @@ class ModelDrafter:
 
     def __init__(self, model: LlamaModel, n_ctx: int = 4096, n_threads: int | None = None,
                  tree: bool = False, min_confidence: float = 0.4, branch: int = 8, round_size: int | None = None,
-                 ctx=None):
+                 ctx=None, owns_model: bool = False):
         """``ctx``: a context to draft in instead of a new one over ``model`` (tests pass an
-        exact fake with the LlamaContext interface)."""
+        exact fake with the LlamaContext interface); ``owns_model``: close() frees the model too
+        (it was loaded for this drafter alone)."""
         self.model = model
+        self.owns_model = owns_model
         self.tree = tree
         self.min_confidence = min_confidence
         self.branch = branch
@@ -160,6 +162,8 @@ class ModelDrafter:
 
     def close(self) -> None:
         self.ctx.close()
+        if self.owns_model:
+            self.model.close()
 
     # -- drafting -----------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int, stop: Stop | None = None,

@@ -85,7 +85,7 @@ def onnx_drafter_footprint(draft_model: str | None, target_fingerprint: str, sto
 
 
 # What exact mode (edgespec.llama.invariant) forces on a plan: flash attention follows the cache.
-EXACT_PLAN = {"repack": False, "kv_type": invariant.KV_TYPE, "cpu_target": True}
+EXACT_PLAN = {"target_repack": False, "kv_type": invariant.KV_TYPE, "cpu_target": True}
 
 
 def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,
@@ -163,8 +163,8 @@ def target_model_params(plan: planner.Plan) -> ModelParams:
 
 def drafter_model_params(plan: planner.Plan) -> ModelParams:
     """The drafter as the plan counted it: a CPU drafter repacked only where its copy was
-    planned (a plan without repacking, exact or file-backed, counts none); a GPU drafter keeps
-    llama.cpp's default, nothing of it being repacked."""
+    planned (a plan that drops repacking counts none); a GPU drafter keeps llama.cpp's default,
+    nothing of it being repacked."""
     on_cpu = plan.drafter_n_gpu_layers == 0
     return ModelParams(n_gpu_layers=plan.drafter_n_gpu_layers, use_mmap=plan.drafter_use_mmap,
                        repack=plan.drafter_repack or not on_cpu, no_host=on_cpu and plan.no_host)

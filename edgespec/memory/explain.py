@@ -161,6 +161,10 @@ def _repack(c: _Context) -> Decision:
     if repack_all == 0:
         build = "build supports repacking" if "REPACK" in m.cpu_features else "build without repacking"
         return Decision("repack", False, f"no weight of this model has an interleaved kernel on this CPU ({build})")
+    if cfg.repack and not c.pl.target_repack(cfg):
+        return Decision("repack", False, "exact mode: repacked kernels compute a row differently in batches "
+                        "of 4+ (edgespec.llama.invariant); the drafter's weights, which do not decide the "
+                        "answer, are repacked")
     if cfg.repack:
         return Decision("repack", True, f"{fmt_bytes(e.repack_bytes)} of weights use the faster interleaved "
                         "CPU kernels (llama.cpp's CPU_REPACK buffer, use_extra_bufts)")

@@ -201,16 +201,22 @@ class _Eval:
 class _Planner:
     def __init__(self, target: ModelFootprint, drafter: ModelFootprint | None, m: MachineInfo,
                  ram_budget: int, vram_budget: int, suffix: bool, draft_max: int, draft_tree: bool,
-                 mmap: bool | None, repack: bool | None, external=None, drafter_required: bool = False):
+                 mmap: bool | None, repack: bool | None, external=None, drafter_required: bool = False,
+                 target_repack: bool | None = None):
         self.t, self.d, self.m = target, drafter, m
         self.ram_budget, self.vram_budget = ram_budget, vram_budget
         self.suffix, self.draft_max, self.draft_tree = suffix, draft_max, draft_tree
-        self.force_mmap, self.force_repack = mmap, repack
+        self.force_mmap, self.force_repack, self.force_target_repack = mmap, repack, target_repack
         self.gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0
         self.feats = m.cpu_features
         self.external = external  # a drafter outside llama.cpp (make_plan's external_drafter)
         self.drafter_required = drafter_required
         self._repack_memo: dict[tuple, int] = {}
+
+    def target_repack(self, cfg: _Cfg) -> bool:
+        """Whether the candidate repacks the target's CPU weights (exact mode forces it off
+        for the target alone: the drafter's kernels do not touch the answer)."""
+        return cfg.repack if self.force_target_repack is None else self.force_target_repack and cfg.repack
 
     def _repack(self, fp: ModelFootprint, n_cpu_blocks: int, head: bool) -> int:
         k = (id(fp), n_cpu_blocks, head)
@@ -348,7 +354,7 @@ class _Planner:
             vram += GPU_RUNTIME_BYTES
         # A GPU build repacks CPU weights only outside its pinned host buffers, which a split
         # target keeps (their weights are what op offload streams to the GPU).
-        repack = cfg.repack and not (self.m.gpu_offload and 0 < ngl)
+        repack = self.target_repack(cfg) and not (self.m.gpu_offload and 0 < ngl)
         tparts, use_mmap, rp_on, rp_bytes, file_bytes = self._model_ram(
             t, tc, ngl, cfg.resident, repack, "target")
         parts += tparts
@@ -389,7 +395,8 @@ class _Planner:
                   + (w["required_drafter_dropped"] if self.drafter_required else 0.0)}[cfg.drafter]
         if cfg.suffix_cap:
             p += w["suffix_cap_step"] * SUFFIX_CAPS.index(cfg.suffix_cap)
-        if not cfg.repack and self._repack(self.t, self.t.n_layer, True):
+        unrepacked = not self.target_repack(cfg) and self._repack(self.t, self.t.n_layer, True)
+        if unrepacked or (cfg.drafter == "cpu" and not cfg.repack and self._repack(self.d, self.d.n_layer, True)):
             p += w["no_repack"]
         if self.gpu:
             p += w["cpu_layers"] * (1 - ngl / (self.t.n_layer + 1))
@@ -438,7 +445,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
               kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
               repack: bool | None = None, threads: int | None = None, placement: str | None = None,
               external_drafter=None, drafter_required: bool = False, long_drafts: bool = True,
-              cpu_target: bool = False) -> Plan:
+              cpu_target: bool = False, target_repack: bool | None = None) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
 
     Args:
@@ -458,6 +465,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         drafter_required: the drafter model was asked for by name (``--draft model``): plans
             without it rank last instead of being weighed against target layers and cache.
         cpu_target: only placements that keep the target on the CPU (exact mode).
+        target_repack: force the target's repacking alone (exact mode: off), the drafter's
+            following ``repack``.
     Raises:
         InvalidRequest: a context above the trained context, or out-of-range arguments.
         PlacementUnavailable: a forced placement needs a GPU this machine or build lacks.
@@ -489,7 +498,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
                              "safety margin; pass --ram-budget")
     def search(shape: placements.DraftShape, where: str | None) -> tuple[_Planner, _Eval, list[_Eval]]:
         pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, shape.draft_max, shape.tree, mmap,
-                      repack, external_drafter, drafter_required)
+                      repack, external_drafter, drafter_required, target_repack)
         evals = _candidates(pl, target, drafter, where, kv_type, n_ubatch, mmap, repack, n_ctx, cpu_target)
         fitting = [e for e in evals if e.fits]
         if not fitting and where is not None and placements.MODES[where].needs_gpu:
