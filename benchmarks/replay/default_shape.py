@@ -26,7 +26,7 @@ from simulate import DEVICE_CURVES, load_costs, load_traces
 SAMPLES = (("offload-7b-beside-drafter-2", "offload-7b-beside-tree-drafter"),
            *((f"offload-7b-beside-drafter-{k}", f"offload-7b-beside-tree-drafter-{k}") for k in range(3, 12)))
 TRACES = (("code-edit", 256), ("code-edit-validation-16", 256), ("specbench-30", 128), ("specbench-30-validate", 128),
-          ("code-edit-test-16", 256), ("specbench-30-test", 128))
+          ("code-edit-test-16", 256), ("specbench-30-test", 128), ("specbench-30-test2", 128))
 
 
 MEDIAN = "median"
