@@ -201,10 +201,19 @@ class Engine:
                                      self._special_text(self.model.eos))
 
     def _free(self) -> None:
-        """Frees the drafter, the context, the releaser and the model, whichever exist."""
+        """Frees the drafter, the context, the releaser and the model, whichever exist. A part
+        that fails to close is logged and the rest are still freed; the first failure is raised."""
+        first: BaseException | None = None
         for part in (self.drafter, self.ctx, self.releaser, self.model):
-            if part is not None and hasattr(part, "close"):
+            if part is None or not hasattr(part, "close"):
+                continue
+            try:
                 part.close()
+            except Exception as e:
+                log.error("freeing %s failed: %s", type(part).__name__, e)
+                first = first or e
+        if first is not None:
+            raise first
 
     def _init_speculation(self, config: EngineConfig) -> None:
         from edgespec.drafters import DraftConfig, make_drafter

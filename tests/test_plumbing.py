@@ -621,3 +621,29 @@ def test_a_stopped_greedy_chain_is_the_unstopped_chains_prefix_and_skips_its_las
     assert short.scores == pytest.approx(chain.scores[:3]) and seen[-1] == pytest.approx(
         (chain.scores[:3] / np.concatenate(([1.0], chain.scores[:2]))).tolist())
     assert stopped.ctx.decodes - before == 1 + 2  # the context, then tokens 1 and 2, not token 3
+
+
+def test_freeing_an_engine_frees_every_part_even_when_one_fails(caplog):
+    """Engine._free (used by close() and by a refused load) closes the drafter, the context, the
+    releaser and the model in that order; a part that raises is logged, the rest are still
+    freed, and the first failure is raised."""
+    from edgespec.engine import Engine
+
+    closed = []
+
+    class Part:
+        def __init__(self, name, fails=False):
+            self.name, self.fails = name, fails
+
+        def close(self):
+            closed.append(self.name)
+            if self.fails:
+                raise RuntimeError(f"{self.name} would not close")
+
+    engine = Engine.__new__(Engine)
+    engine.drafter, engine.ctx = Part("drafter"), Part("ctx", fails=True)
+    engine.releaser, engine.model = None, Part("model", fails=True)
+    with pytest.raises(RuntimeError, match="ctx would not close"):
+        engine._free()
+    assert closed == ["drafter", "ctx", "model"]
+    assert [r.getMessage() for r in caplog.records].count("freeing Part failed: model would not close") == 1
