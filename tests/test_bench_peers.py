@@ -114,7 +114,8 @@ def test_generated_text_of_captured_runs():
 
 
 def test_parse_run_of_captured_outputs():
-    """Whole-run results: the end-of-generation token llama.cpp counts is not counted, the text
+    """Whole-run results: the end-of-generation token llama.cpp counts is not counted (neither
+    emitted nor in the tokens/s), the text
     comes from stdout, and "accept = -nan%" (nothing drafted) parses."""
     def load(name):
         return [(DATA / f"{name}{ext}").read_text(encoding="utf-8")
@@ -122,7 +123,7 @@ def test_parse_run_of_captured_outputs():
 
     err, out, prompt = load("speculative_simple_ngram_mod_eog")  # -n 15, stopped early
     r = peers.parse_run(err, out, prompt, max_tokens=16)
-    assert r.raw["decoded_tokens"] == 11 and r.new_tokens == 10 and r.gen_tokens == 11
+    assert r.raw["decoded_tokens"] == 11 and r.new_tokens == 10 and r.gen_tokens == 10
     assert r.raw["finish_reason"] == "stop" and r.raw["overshoot"] == 0
     assert (r.drafted, r.accepted) == (0, 0) and math.isnan(r.raw["accept_pct"])
     assert r.gen_s == pytest.approx(53.825) and r.prefill_s == pytest.approx(5.959)

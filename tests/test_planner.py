@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -197,7 +198,9 @@ def _real_load(path, n_ctx: int, n_ubatch: int, n_seq: int, prefill: int, verify
 
 def _plan_same_config(f, n_ctx, n_ubatch, draft_max, mmap=True):
     """The plan for exactly what _real_load does with its default (repacked) load."""
-    p = planner.make_plan(f, None, 64 * GiB, None, n_ctx, machine_info=planner.machine(), suffix=True,
+    # this host's CPU (its repacking) without its GPUs: _real_load keeps every layer on the CPU
+    host_cpu = replace(planner.machine(), gpu_offload=False, gpus=(), unified_memory=False)
+    p = planner.make_plan(f, None, 64 * GiB, None, n_ctx, machine_info=host_cpu, suffix=True,
                           draft_max=draft_max, kv_type="f16", n_ubatch=n_ubatch, mmap=mmap, repack=True)
     est = sum(x.bytes for x in p.parts if x.where == "RAM" and x.component.startswith("target"))
     return p, est
