@@ -228,8 +228,9 @@ def _inputs(args) -> dict:
     code = ("import json, sys; from edgespec.bench.prompts import load_suite, select; "
             "from edgespec.files.store import ModelStore; from edgespec.units import parse_bytes; "
             "print(json.dumps({'limit': parse_bytes(sys.argv[1]), 'model_path': str(ModelStore().resolve(sys.argv[2])), "
-            "'prompts': [vars(p) for p in select(load_suite(sys.argv[3]), 1)]}))")
-    out = subprocess.run([sys.executable, "-c", code, args.limit, args.model, args.suite], capture_output=True,
+            "'prompts': [vars(p) for p in select(load_suite(sys.argv[3]), int(sys.argv[4]), sys.argv[5])]}))")
+    out = subprocess.run([sys.executable, "-c", code, args.limit, args.model, args.suite, str(args.per_category),
+                          args.split], capture_output=True,
                          text=True, check=True)
     d = json.loads(out.stdout)
     d["prompts"] = [argparse.Namespace(**p) for p in d["prompts"]]
@@ -294,13 +295,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", default="600MiB", help="cgroup memory limit and --ram-budget")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--prompts", type=int, default=2, help="requests: the first of each category, in order")
-    ap.add_argument("--suite", default="code-edit", help="code-edit (tuning) or code-edit-validation (held out)")
+    ap.add_argument("--prompts", type=int, default=2, help="requests: the first N of the selection, in order")
+    ap.add_argument("--suite", default="code-edit", help="code-edit (tuning), code-edit-validation or code-edit-test")
+    ap.add_argument("--per-category", type=int, default=1, help="requests per category (bench --limit)")
+    ap.add_argument("--split", default="tune", help="tune | validate | test | test2 (bench --split)")
     ap.add_argument("--configs", default="plain,auto,suffix")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--draft-max", type=int, default=32)
-    ap.add_argument("--jobs", default="curve,run", help="curve, run, or both")
+    ap.add_argument("--jobs", default="curve,run", help="job kinds (curve, run) or keys (curve-cgroup)")
     ap.add_argument("--home", type=Path, default=Path("/tmp/edgespec-filebacked-home"),
                     help="this script's model store (the target hard-linked in; its own calibration)")
     ap.add_argument("--lock", default=LOCK)
@@ -331,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
                        "command": "python " + " ".join(sys.argv)}
     try:
         for job in _jobs(args, prompts, model_path, cg):
-            if job["kind"] not in wanted or "error" not in results.get(job["key"], {"error": 1}):
+            if not {job["kind"], job["key"]} & wanted or "error" not in results.get(job["key"], {"error": 1}):
                 continue
             if job["key"] == "curve-cgroup":
                 shutil.rmtree(args.home / "calibration", ignore_errors=True)  # measure it afresh
