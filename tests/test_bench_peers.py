@@ -114,9 +114,9 @@ def test_generated_text_of_captured_runs():
 
 
 def test_parse_run_of_captured_outputs():
-    """Whole-run results: the end-of-generation token llama.cpp counts is not counted (neither
-    emitted nor in the tokens/s), the text
-    comes from stdout, and "accept = -nan%" (nothing drafted) parses."""
+    """Whole-run results: the end-of-generation token llama.cpp counts is counted neither as
+    emitted nor in the tokens/s, the text comes from stdout, and "accept = -nan%" (nothing
+    drafted) parses."""
     def load(name):
         return [(DATA / f"{name}{ext}").read_text(encoding="utf-8")
                 for ext in (".txt", ".stdout.txt", ".prompt.txt")]
