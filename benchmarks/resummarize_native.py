@@ -28,7 +28,8 @@ def records(doc: dict, fix: bool) -> list[Record]:
 
 def main(paths: list[str]) -> None:
     for path in paths:
-        doc = json.loads(open(path).read())
+        with open(path) as f:
+            doc = json.load(f)
         for fix in (False, True):
             print(f"{path}: over native plain, {'end-of-generation left out' if fix else 'as recorded'}")
             for cfg, row in summarize(records(doc, fix)).items():

@@ -209,7 +209,7 @@ class Engine:
                 continue
             try:
                 part.close()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the rest must still be freed; re-raised below
                 log.error("freeing %s failed: %s", type(part).__name__, e)
                 first = first or e
         if first is not None:
