@@ -217,20 +217,33 @@ class Engine:
 
     def _init_speculation(self, config: EngineConfig) -> None:
         from edgespec.drafters import DraftConfig, make_drafter
-        from edgespec.spec.step import SpeculativeStep
 
         p = self.placement
         shape = self.draft_shape
-        draft_cfg = DraftConfig(kind=config.draft, draft_model=config.draft_model, tree=shape.tree,
-                                n_ctx=self.ctx.n_ctx, n_threads=config.n_threads, draft_max=shape.draft_max,
-                                onnx_provider=config.onnx_provider, onnx_bits=config.onnx_bits,
-                                chains=config.exact)
+        draft_cfg = self.drafter_config(DraftConfig(
+            kind=config.draft, draft_model=config.draft_model, tree=shape.tree, n_ctx=self.ctx.n_ctx,
+            n_threads=config.n_threads, draft_max=shape.draft_max, onnx_provider=config.onnx_provider,
+            onnx_bits=config.onnx_bits))
         if p is not None:
-            draft_cfg = replace(p.drafter_config(draft_cfg), kind=p.draft)
+            draft_cfg = replace(draft_cfg, kind=p.draft)
         self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
-        step = SpeculativeStep(self.drafter, shape.draft_max, config.recheck_gap, overlap=self.overlap,
-                               chains_only=config.exact)
-        self.decoder = Decoder(self.model, self.seq, step)
+        self.decoder = Decoder(self.model, self.seq, self.speculative_step(self.drafter, shape.draft_max,
+                                                                          config.recheck_gap))
+
+    def drafter_config(self, cfg):
+        """``cfg`` as this engine's drafters must be: placed as its plan placed the drafter, and
+        proposing chains in exact mode (verification then takes chains only)."""
+        cfg = replace(cfg, chains=self.config.exact)
+        p = self.placement
+        return p.drafter_config(cfg) if p is not None else cfg
+
+    def speculative_step(self, drafter, draft_max: int, recheck_gap: float = 0.0):
+        """A step verifying ``drafter``'s drafts as this engine must: overlapped where its
+        placement says so, chains only in exact mode."""
+        from edgespec.spec.step import SpeculativeStep
+
+        return SpeculativeStep(drafter, draft_max, recheck_gap, overlap=self.overlap,
+                               chains_only=self.config.exact)
 
     @property
     def overlap(self) -> bool:

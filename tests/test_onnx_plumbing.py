@@ -96,8 +96,9 @@ def test_the_engine_passes_the_options_to_the_drafter(monkeypatch):
     engine = Engine.__new__(Engine)
     engine.placement, engine.model, engine.store, engine.draft_shape = None, None, None, CHAINS
     engine.ctx = type("Ctx", (), {"n_ctx": 512, "model": None})()
+    engine.config = EngineConfig(draft="onnx", onnx_provider="openvino", onnx_bits="4")
     with pytest.raises(Built):
-        engine._init_speculation(EngineConfig(draft="onnx", onnx_provider="openvino", onnx_bits="4"))
+        engine._init_speculation(engine.config)
     assert (seen["provider"], seen["bits"], seen["n_ctx"]) == ("openvino", "4", 512)
     assert KINDS["onnx"].onnx_model and not any(k.onnx_model for n, k in KINDS.items() if n != "onnx")
     assert drafters.DraftConfig().onnx_provider == "cpu"
@@ -105,11 +106,14 @@ def test_the_engine_passes_the_options_to_the_drafter(monkeypatch):
 
 def test_bench_settings_reach_the_draft_config():
     from edgespec.bench.runner import BenchSettings, _Runners
+    from edgespec.engine import Engine
 
-    class _Engine:
+    class _Engine:  # what _Runners reads of an engine, its drafter rule the engine's own
         placement = None
         ctx = type("Ctx", (), {"n_ctx": 256})()
         draft_shape = CHAINS
+        config = EngineConfig()
+        drafter_config = Engine.drafter_config
 
     r = _Runners(_Engine(), BenchSettings(onnx_provider="dml", onnx_bits="4"))
     cfg = r._draft_config("onnx")

@@ -176,10 +176,12 @@ def test_engine_and_bench_build_the_drafter_where_the_plan_put_it(model_path, st
     assert cfg.model_params == p.draft_model_params is not None and cfg.allow_model
     assert cfg.suffix_history_tokens == p.suffix_cap_tokens
 
-    class _PlannedEngine:  # what _Runners reads of an engine
+    class _PlannedEngine:  # what _Runners reads of an engine, its drafter rule the engine's own
         placement = p
         draft_shape = placements.DraftShape(p.plan.draft_max, p.plan.draft_tree)
         ctx = type("Ctx", (), {"n_ctx": 1024})()
+        config = EngineConfig()
+        drafter_config = Engine.drafter_config
     assert _Runners(_PlannedEngine(), BenchSettings())._draft_config("model").model_params == p.draft_model_params
 
 

@@ -36,7 +36,6 @@ from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
-from edgespec.spec.step import SpeculativeStep
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +141,10 @@ class _Runners:
 
     def _draft_config(self, kind: str) -> DraftConfig:
         shape = self._shape(kind)
-        cfg = DraftConfig(kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
-                          n_threads=self.settings.threads, draft_max=shape.draft_max, tree=shape.tree,
-                          onnx_provider=self.settings.onnx_provider,
-                          onnx_bits=self.settings.onnx_bits, chains=self.settings.exact)
-        p = self.engine.placement
-        return p.drafter_config(cfg) if p is not None else cfg
+        return self.engine.drafter_config(DraftConfig(
+            kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
+            n_threads=self.settings.threads, draft_max=shape.draft_max, tree=shape.tree,
+            onnx_provider=self.settings.onnx_provider, onnx_bits=self.settings.onnx_bits))
 
     def runner(self, config: str):
         """A fresh drafter per call (no history carried between prompts), sharing the model."""
@@ -161,9 +158,7 @@ class _Runners:
         drafter = make_drafter(cfg, self.engine.model, self.engine.store, target_ctx=self.engine.ctx,
                                shared_model=shared)
         gap = self.settings.recheck_gap if config.endswith(RECHECK) else 0.0
-        step = SpeculativeStep(drafter, cfg.draft_max, gap, overlap=self.engine.overlap,
-                               chains_only=self.settings.exact)
-        return Decoder(self.engine.model, self.engine.seq, step)
+        return Decoder(self.engine.model, self.engine.seq, self.engine.speculative_step(drafter, cfg.draft_max, gap))
 
     def close(self) -> None:
         if self._model_drafter is not None:
