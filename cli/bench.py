@@ -62,7 +62,7 @@ def bench(
     split: str = typer.Option("tune", "--split",
                               help="tune: the --limit prompts tuning used | validate: those halfway "
                                    "between them | test: those a quarter of the way | test2: three quarters "
-                                   "(all disjoint)."),
+                                   "| test3: an eighth (all disjoint)."),
     configs: str = typer.Option("plain,suffix", "--configs",
                                 help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, onnx, peer:...; "
                                      "X+recheck: X re-checking near-ties at --recheck-gap."),
@@ -88,6 +88,10 @@ def bench(
     vram_budget: Optional[str] = c.VRAM_BUDGET,
     placement: Optional[str] = c.PLACEMENT,
     exact: bool = c.EXACT,
+    flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn",
+                                              help="The target's attention kernel in every configuration and "
+                                                   "in the peers (default: the engine's choice, off on the CPU; "
+                                                   "the peers llama.cpp's, on)."),
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record and the summary here."),
@@ -108,7 +112,7 @@ def bench(
                              share_prefill=share_prefill, recheck_gap=recheck_gap,
                              onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement, turns=turns,
                              vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None,
-                             exact=exact)
+                             exact=exact, flash_attn=flash_attn)
     err = Console(stderr=True, highlight=False)
 
     def progress(n: int, total: int, pid: str, config: str) -> None:

@@ -86,6 +86,7 @@ def plan(
                                   help="Force where target and drafter run: gpu | offload | draft-gpu | overlap | cpu "
                                        "(default: the planner's choice)."),
     exact: bool = c.EXACT,
+    flash_attn: Optional[bool] = c.FLASH_ATTN,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
     """Plan memory placement (GPU layers, drafter, KV cache, context, mmap, threads) without loading."""
@@ -102,7 +103,7 @@ def plan(
     drafter, suffix, notes, drafter_path = _drafter_for(draft, draft_model, target, mf.gguf, store)
     onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
     kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, long_drafts=draft == "auto", mlock=mlock,
-              kv_type=kv_type, threads=threads, external_drafter=onnx_fp)
+              kv_type=kv_type, threads=threads, external_drafter=onnx_fp, flash_attn=flash_attn)
     if exact:
         from edgespec.engine import EngineConfig
         from edgespec.llama import invariant
@@ -112,7 +113,7 @@ def plan(
             raise InvalidRequest(f"--exact plans a {invariant.KV_TYPE} KV cache (its attention kernel does not "
                                  f"depend on the batch); drop --kv-type {kv_type}")
 
-        EngineConfig(exact=True, draft_tree=draft_tree, placement=placement)  # refuses what exact mode cannot keep
+        EngineConfig(exact=True, draft_tree=draft_tree, placement=placement, flash_attn=flash_attn)  # refuses what exact mode cannot keep
         invariant.enable()  # calibration keys name the kernels
         kw.update(EXACT_PLAN, draft_tree=False)
     m = planner.machine()

@@ -36,6 +36,7 @@ def run(
     onnx_bits: str = c.ONNX_BITS,
     recheck_gap: float = c.RECHECK_GAP,
     exact: bool = c.EXACT,
+    flash_attn: Optional[bool] = c.FLASH_ATTN,
     ram_budget: Optional[str] = c.RAM_BUDGET,
     vram_budget: Optional[str] = c.VRAM_BUDGET,
     placement: Optional[str] = c.PLACEMENT,
@@ -51,7 +52,7 @@ def run(
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
     with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
                                draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits,
-                               vram_budget, placement, exact) as engine:
+                               vram_budget, placement, exact, flash_attn) as engine:
         if raw:
             tokens = engine.text_tokens(text)
         else:

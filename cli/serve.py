@@ -49,6 +49,7 @@ def serve(
     vram_budget: Optional[str] = c.VRAM_BUDGET,
     placement: Optional[str] = c.PLACEMENT,
     exact: bool = c.EXACT,
+    flash_attn: Optional[bool] = c.FLASH_ATTN,
     max_queue: int = typer.Option(16, "--max-queue", min=0,
                                   help="Requests that may wait behind the running one; more get 503."),
     allow_host: Optional[list[str]] = typer.Option(None, "--allow-host",
@@ -82,7 +83,7 @@ def serve(
                                  draft=draft, draft_max=draft_max, draft_tree=draft_tree,
                                  draft_model=draft_model, max_queue=max_queue,
                                  onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
-                                 vram_budget=vram, exact=exact)
+                                 vram_budget=vram, exact=exact, flash_attn=flash_attn)
 
     def load() -> Engine:
         engine = Engine(engine_config, store)

@@ -51,7 +51,8 @@ class EngineConfig:
     n_gpu_layers: int = 0
     use_mmap: bool = True
     use_mlock: bool = False
-    # None: off when the target runs on the CPU with an f16 cache, else llama.cpp's choice.
+    # None: off when the target runs on the CPU with an f16 cache, else llama.cpp's choice
+    # (edgespec.llama.kernels.default_flash_attn); planned loads plan the kernel given.
     flash_attn: bool | None = None
     # Speculation: None = the plain baseline generator; otherwise a drafter name from
     # edgespec.drafters (none | suffix | model | hybrid | auto) or a drafter model name/path.
@@ -155,7 +156,8 @@ class Engine:
                                        config.draft_model, config.draft_max,
                                        False if config.exact else config.draft_tree,
                                        config.n_threads, config.n_seq_max or 1, config.vram_budget,
-                                       config.placement, config.onnx_provider, config.onnx_bits, config.exact)
+                                       config.placement, config.onnx_provider, config.onnx_bits, config.exact,
+                                       config.flash_attn)
             model_params, ctx_params = self.placement.model_params, self.placement.context_params
             plan = self.placement.plan
             self.draft_shape = placements.DraftShape(plan.draft_max, plan.draft_tree)

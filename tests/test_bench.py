@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.bench.peers import NATIVE_PLAIN
-from edgespec.bench.prompts import SPECBENCH_CATEGORY, conversation, load_prompts, load_suite, select
+from edgespec.bench.prompts import SPECBENCH_CATEGORY, SPLITS, conversation, load_prompts, load_suite, select
 from edgespec.bench.report import markdown
 from edgespec.bench.runner import BenchSettings, validate_configs
 from edgespec.bench.summary import OVERALL, PLAIN, Record, has_native_plain, interleaved_order, summarize
@@ -62,13 +62,16 @@ def test_validate_split_is_disjoint_from_the_tuning_picks():
 
 def test_test_splits_are_disjoint_from_the_others():
     specbench = load_suite("specbench")
-    picks = [{p.id for p in select(specbench, 5, split)} for split in ("tune", "validate", "test", "test2")]
-    assert [len(p) for p in picks] == [30, 30, 30, 30]
-    assert len(set().union(*picks)) == 120
+    picks = [{p.id for p in select(specbench, 5, split)} for split in SPLITS]
+    assert SPLITS == ("tune", "validate", "test", "test2", "test3")
+    assert [len(p) for p in picks] == [30] * 5
+    assert len(set().union(*picks)) == 150
     with pytest.raises(InvalidRequest, match="--split test2 needs --limit <= 3"):
         select(load_suite("code-edit"), 4, "test2")
     with pytest.raises(InvalidRequest, match="--split test needs --limit <= 3"):
         select(load_suite("code-edit"), 4, "test")  # 12 per category: a quarter-step of 3 or more
+    with pytest.raises(InvalidRequest, match="--split test3 needs --limit <= 1"):
+        select(load_suite("code-edit"), 2, "test3")  # an eighth-step of 6 needs 8 per pick
 
 
 def test_validation_and_test_suites_come_from_other_packages():

@@ -195,6 +195,9 @@ def test_command_line_is_greedy_and_file_based(tmp_path):
         assert part in s
     cmd = peers.llama_cpp_command("ngram-mod", "bin", "t.gguf", None, "p.txt", 16, 2, 4096)
     assert "--spec-type ngram-mod" in " ".join(cmd) and "-md" not in cmd
+    assert cmd[cmd.index("-fa") + 1] == "on"  # llama.cpp's default kernel unless the bench asks otherwise
+    off = peers.llama_cpp_command("plain", "bin", "t.gguf", None, "p.txt", 16, 2, 4096, flash_attn=False)
+    assert off[off.index("-fa") + 1] == "off"
 
 
 def test_native_plain_command_drafts_nothing_and_times_like_the_others():

@@ -330,6 +330,23 @@ def test_tight_ram_shrinks_ubatch_and_quantizes_kv_before_going_file_backed(fp):
     assert tight.ram_bytes <= roomy.ram_bytes - 100 * MiB
 
 
+def test_flash_attention_is_planned_as_asked(fp):
+    m = cpu_machine()
+    t = fp(TARGET)
+    default = planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=m)
+    on = planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=m, flash_attn=True)
+    assert (default.flash_attn, on.flash_attn) == (False, True)
+    assert next(d.why for d in on.decisions if d.name == "flash_attn") == "requested"
+    assert on.engine_settings()["flash_attn"] is True
+    # Without it only an f16 cache runs: a budget that quantizes the cache by default keeps f16.
+    tight = planner.make_plan(t, None, default.ram_bytes - 100 * MiB, None, 8192, machine_info=m)
+    assert tight.kv_type != "f16"
+    off = planner.make_plan(t, None, default.ram_bytes - 100 * MiB, None, 8192, machine_info=m, flash_attn=False)
+    assert (off.kv_type, off.flash_attn) == ("f16", False)
+    with pytest.raises(InvalidRequest, match="needs flash attention"):
+        planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=m, kv_type="q8_0", flash_attn=False)
+
+
 def test_file_backed_below_the_weights_size(fp):
     t = fp(TARGET)
     p = planner.make_plan(t, fp(DRAFTER), int(t.weights_bytes * 0.8), None, 2048, machine_info=cpu_machine())
@@ -473,6 +490,8 @@ def test_plan_table():
     (["--model", SMALL, "--ctx", "100000"], "exceeds the trained context"),
     (["--model", TARGET, "--ram-budget", "100MiB"], "smallest plan needs"),
     (["--model", SMALL, "--kv-type", "q2"], "--kv-type"),
+    (["--model", SMALL, "--kv-type", "q8_0", "--no-flash-attn"], "needs flash attention"),
+    (["--model", SMALL, "--exact", "--no-flash-attn"], "exact mode runs flash attention"),
 ])
 def test_plan_errors_are_one_line(args, fragment):
     r = _cli(*args)

@@ -269,7 +269,7 @@ def write_prompt_file(path: str | os.PathLike, prompt_text: str) -> Path:
 def llama_cpp_command(kind: str, binary: str | os.PathLike, target_path: str | os.PathLike,
                       draft_path: str | os.PathLike | None, prompt_file: str | os.PathLike,
                       max_tokens: int, threads: int, ctx: int,
-                      draft_n_max: int = DRAFT_N_MAX) -> list[str]:
+                      draft_n_max: int = DRAFT_N_MAX, flash_attn: bool = True) -> list[str]:
     """The argument vector of one greedy ``llama-speculative-simple`` run."""
     if kind not in NATIVE_KINDS:
         raise InvalidRequest(f"unknown llama.cpp peer kind {kind!r} (known: {', '.join(NATIVE_KINDS)})")
@@ -278,7 +278,7 @@ def llama_cpp_command(kind: str, binary: str | os.PathLike, target_path: str | o
            "-n", str(max(max_tokens - 1, 0)),
            "-t", str(threads), "-tb", str(threads),
            "-c", str(ctx), "-b", str(ctx), "-ub", "512",
-           "-fa", "on", "-ngl", "0",
+           "-fa", "on" if flash_attn else "off", "-ngl", "0",
            "--temp", "0", "--top-k", "1", "--seed", "0"]
     if kind == "draft":
         cmd += ["--spec-type", "draft-simple", "-md", str(draft_path),
@@ -295,12 +295,12 @@ def llama_cpp_command(kind: str, binary: str | os.PathLike, target_path: str | o
 def run_llama_cpp_peer(kind: str, target_path: str | os.PathLike, draft_path: str | os.PathLike | None,
                        prompt_text: str, max_tokens: int, threads: int, ctx: int,
                        timeout: float | None = DEFAULT_TIMEOUT_S,
-                       draft_n_max: int = DRAFT_N_MAX) -> PeerResult:
+                       draft_n_max: int = DRAFT_N_MAX, flash_attn: bool = True) -> PeerResult:
     """Runs llama.cpp's ``llama-speculative-simple`` greedily on an already-templated prompt.
 
     ``kind`` is ``"draft"`` (needs ``draft_path``, a drafter with the target's vocabulary),
     ``"ngram-mod"`` or ``"plain"`` (drafts nothing). The prompt travels in a file (``-f``), so
-    no quoting is involved.
+    no quoting is involved. ``flash_attn``: the attention kernel (llama.cpp's default: on).
 
     Raises:
         PeerUnavailable: the binary is not built, or ``draft`` has no drafter.
@@ -319,7 +319,7 @@ def run_llama_cpp_peer(kind: str, target_path: str | os.PathLike, draft_path: st
     with tempfile.TemporaryDirectory(prefix="edgespec-peer-") as tmp:
         pfile = write_prompt_file(Path(tmp) / "prompt.txt", to_send)
         cmd = llama_cpp_command(kind, binary, target_path, draft_path, pfile, max_tokens, threads,
-                                ctx, draft_n_max)
+                                ctx, draft_n_max, flash_attn)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL, capture_output=True,
@@ -375,11 +375,11 @@ def parse_run(stderr: str, stdout: str, prompt_shown: str, max_tokens: int) -> P
 
 # -- the registry -----------------------------------------------------------------------------
 def _run_pld(prompt_text: str, *, target_path, draft_path=None, max_tokens: int, threads: int,
-             ctx: int, timeout: float | None = None) -> PeerResult:
+             ctx: int, timeout: float | None = None, flash_attn: bool = True) -> PeerResult:
     from edgespec.llama import pld  # imports llama_cpp; only this peer needs it
 
     d = pld.prompt_lookup_generate(str(target_path), prompt_text, max_tokens, threads, ctx,
-                                       num_pred_tokens=PLD_NUM_PRED_TOKENS)
+                                       num_pred_tokens=PLD_NUM_PRED_TOKENS, flash_attn=flash_attn)
     raw = dict(d, num_pred_tokens=PLD_NUM_PRED_TOKENS)
     return PeerResult(new_tokens=d["new_tokens"], gen_s=d["gen_s"], prefill_s=d["prefill_s"],
                       drafted=d["drafted"], accepted=d["accepted"], text=d["text"], raw=raw,
@@ -388,9 +388,9 @@ def _run_pld(prompt_text: str, *, target_path, draft_path=None, max_tokens: int,
 
 def _native(kind: str) -> Callable[..., PeerResult]:
     def run_native(prompt_text: str, *, target_path, draft_path=None, max_tokens: int, threads: int,
-                   ctx: int, timeout: float | None = DEFAULT_TIMEOUT_S) -> PeerResult:
+                   ctx: int, timeout: float | None = DEFAULT_TIMEOUT_S, flash_attn: bool = True) -> PeerResult:
         return run_llama_cpp_peer(kind, target_path, draft_path, prompt_text, max_tokens, threads,
-                                  ctx, timeout=timeout)
+                                  ctx, timeout=timeout, flash_attn=flash_attn)
 
     run_native.__name__ = f"run_llama_cpp_{kind.replace('-', '_')}"
     return run_native
@@ -414,14 +414,15 @@ def unavailable_reason(peer_name: str) -> str | None:
 
 
 def run(peer_name: str, prompt_text: str, *, target_path, draft_path=None, max_tokens: int,
-        threads: int, ctx: int, timeout: float | None = None) -> PeerResult:
-    """Runs one peer by its configuration name on an already-templated prompt."""
+        threads: int, ctx: int, timeout: float | None = None, flash_attn: bool = True) -> PeerResult:
+    """Runs one peer by its configuration name on an already-templated prompt, with flash
+    attention unless ``flash_attn`` is False (llama.cpp's default is on)."""
     fn = PEERS.get(peer_name)
     if fn is None:
         raise InvalidRequest(f"unknown peer {peer_name!r} (known: {', '.join(PEERS)})")
     kwargs = {} if timeout is None else {"timeout": timeout}
     return fn(prompt_text, target_path=target_path, draft_path=draft_path, max_tokens=max_tokens,
-              threads=threads, ctx=ctx, **kwargs)
+              threads=threads, ctx=ctx, flash_attn=flash_attn, **kwargs)
 
 
 def close() -> None:

@@ -75,6 +75,9 @@ class BenchSettings:
     onnx_bits: str = "exact"  # ... and conversion
     turns: str = "first"  # one of TURNS
     exact: bool = False  # batch-invariant kernels for every configuration, plain included (EngineConfig.exact)
+    # The target's attention kernel for every configuration, the native peers' too; None: the
+    # engine's default (EngineConfig.flash_attn) and llama.cpp's for the peers (on).
+    flash_attn: bool | None = None
 
     def __post_init__(self) -> None:
         if self.turns not in TURNS:
@@ -205,7 +208,8 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
                                  draft_tree=settings.draft_tree if auto else chains.tree,
                                  n_seq_max=1 if planned else 1 + chains.draft_max, ram_budget=settings.ram_budget,
                                  vram_budget=settings.vram_budget, placement=settings.placement,
-                                 draft=_planned_draft(configs) if planned else None, exact=settings.exact))
+                                 draft=_planned_draft(configs) if planned else None, exact=settings.exact,
+                                 flash_attn=settings.flash_attn))
     runners = _Runners(engine, settings, trees=engine.draft_shape.tree
                        or any(base_config(c) == "model-tree" for c in configs))
     shape = engine.draft_shape  # what auto drafted (the others: chains of draft_max, default 32)
@@ -254,7 +258,8 @@ def _run_one(engine, runners, p: BenchPrompt, answers: list[str], config: str, r
         try:
             r = peers.run(config, _render(engine, p, answers),
                           target_path=engine.model.path, draft_path=_peer_draft_path(engine, settings),
-                          max_tokens=settings.max_tokens, threads=engine.ctx.n_threads, ctx=settings.n_ctx)
+                          max_tokens=settings.max_tokens, threads=engine.ctx.n_threads, ctx=settings.n_ctx,
+                          flash_attn=settings.flash_attn is not False)
         except peers.PeerUnavailable as exc:
             log.warning("%s skipped: %s", config, exc)
             return None

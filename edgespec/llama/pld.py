@@ -32,10 +32,10 @@ _peer_llamas: dict[tuple, object] = {}
 _peer_lock = threading.Lock()
 
 
-def _peer_llama(model_path: str, n_threads: int, n_ctx: int, num_pred_tokens: int):
+def _peer_llama(model_path: str, n_threads: int, n_ctx: int, num_pred_tokens: int, flash_attn: bool):
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    key = (os.path.abspath(model_path), int(n_threads), int(n_ctx), int(num_pred_tokens))
+    key = (os.path.abspath(model_path), int(n_threads), int(n_ctx), int(num_pred_tokens), flash_attn)
     with _peer_lock:
         llm = _peer_llamas.get(key)
         if llm is None:
@@ -45,7 +45,7 @@ def _peer_llama(model_path: str, n_threads: int, n_ctx: int, num_pred_tokens: in
             llm = lc.Llama(model_path=model_path,
                            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
                            logits_all=True, n_ctx=n_ctx, n_threads=n_threads,
-                           n_threads_batch=n_threads, verbose=False, flash_attn=True)
+                           n_threads_batch=n_threads, verbose=False, flash_attn=flash_attn)
             _peer_llamas[key] = llm
         return llm
 
@@ -63,7 +63,8 @@ def close_peer_models() -> None:
 
 
 def prompt_lookup_generate(model_path: str | os.PathLike, prompt_text: str, max_tokens: int,
-                           n_threads: int, n_ctx: int, num_pred_tokens: int = 10) -> dict:
+                           n_threads: int, n_ctx: int, num_pred_tokens: int = 10,
+                           flash_attn: bool = True) -> dict:
     """Greedy generation with llama-cpp-python's ``LlamaPromptLookupDecoding``.
 
     ``prompt_text`` is already chat-templated. Returns ``text``, ``new_tokens`` (generated tokens,
@@ -82,7 +83,7 @@ def prompt_lookup_generate(model_path: str | os.PathLike, prompt_text: str, max_
     if not prompt_text:
         raise InvalidRequest("the prompt is empty")
     ensure_initialized()
-    llm = _peer_llama(str(model_path), n_threads, n_ctx, num_pred_tokens)
+    llm = _peer_llama(str(model_path), n_threads, n_ctx, num_pred_tokens, flash_attn)
     vocab = llm._model.vocab
     bos = int(lc.llama_vocab_bos(vocab))
     bos_text = llm.detokenize([bos], special=True).decode("utf-8", errors="replace") if bos >= 0 else ""

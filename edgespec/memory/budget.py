@@ -91,13 +91,15 @@ EXACT_PLAN = {"target_repack": False, "kv_type": invariant.KV_TYPE, "cpu_target"
 def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx: int, draft: str | None,
               draft_model: str | None, draft_max: int | None, draft_tree: bool | None, threads: int | None,
               n_seq_max: int, vram_budget: int | None = None, mode: str | None = None,
-              onnx_provider: str = "cpu", onnx_bits: str = "exact", exact: bool = False) -> Placement:
+              onnx_provider: str = "cpu", onnx_bits: str = "exact", exact: bool = False,
+              flash_attn: bool | None = None) -> Placement:
     """Plans the load within the budgets (None: what the machine has free, minus a margin) and,
     when ``mode`` is given, in that placement; raises BudgetExceeded when nothing fits and
     PlacementUnavailable when the mode needs a GPU this build lacks. ``draft_max`` and
     ``draft_tree`` None: the placement's default (the plan's ``draft_max``/``draft_tree``).
     ``exact``: the target as exact mode loads it (edgespec.llama.invariant: no repacking, a q8_0
-    cache), so that the memory counted and the calibration keys read are those of that load."""
+    cache), so that the memory counted and the calibration keys read are those of that load.
+    ``flash_attn``: the target's attention kernel as the user forced it (None: the planner's)."""
     target = model_file(target_path)
     kind = kind_of(draft) if draft is not None else None
     dpath = _optional_drafter(draft, draft_model, target.fingerprint, store) if kind else None
@@ -112,7 +114,7 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
                                  long_drafts=draft == "auto",
                                  threads=threads, placement=mode, external_drafter=onnx_fp,
                                  drafter_required=kind is not None and kind.model == "always",
-                                 **(EXACT_PLAN if exact else {}))
+                                 flash_attn=flash_attn, **(EXACT_PLAN if exact else {}))
 
     plan = plan_with(drafter_fp)
     notes = []

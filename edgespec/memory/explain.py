@@ -209,7 +209,9 @@ def _context(c: _Context, n_ctx: int | None) -> list[Decision]:
                       "; quantized caches need flash attention (on)")
     else:
         kv = Decision("kv_type", cfg.kv_type, "requested; quantized caches need flash attention (on)")
-    if tc.flash_attn and cfg.kv_type != "f16":
+    if c.pl.force_flash_attn is not None:
+        why = "requested"
+    elif tc.flash_attn and cfg.kv_type != "f16":
         why = "required by the quantized V cache"
     elif tc.flash_attn:
         why = "llama.cpp's default on GPUs"

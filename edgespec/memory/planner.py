@@ -202,11 +202,12 @@ class _Planner:
     def __init__(self, target: ModelFootprint, drafter: ModelFootprint | None, m: MachineInfo,
                  ram_budget: int, vram_budget: int, suffix: bool, draft_max: int, draft_tree: bool,
                  mmap: bool | None, repack: bool | None, external=None, drafter_required: bool = False,
-                 target_repack: bool | None = None):
+                 target_repack: bool | None = None, flash_attn: bool | None = None):
         self.t, self.d, self.m = target, drafter, m
         self.ram_budget, self.vram_budget = ram_budget, vram_budget
         self.suffix, self.draft_max, self.draft_tree = suffix, draft_max, draft_tree
         self.force_mmap, self.force_repack, self.force_target_repack = mmap, repack, target_repack
+        self.force_flash_attn = flash_attn
         self.gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0
         self.feats = m.cpu_features
         self.external = external  # a drafter outside llama.cpp (make_plan's external_drafter)
@@ -230,6 +231,8 @@ class _Planner:
 
     def flash_attn(self, cfg: _Cfg) -> bool:
         """The attention kernel the engine will build for this candidate (asked, not copied)."""
+        if self.force_flash_attn is not None:
+            return self.force_flash_attn
         on_gpu = cfg.resident and placements.MODES[cfg.placement].target != "cpu"
         return resolved_flash_attn(default_flash_attn(on_gpu, cfg.kv_type))
 
@@ -445,7 +448,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
               kv_type: str | None = None, n_ubatch: int | None = None, mmap: bool | None = None,
               repack: bool | None = None, threads: int | None = None, placement: str | None = None,
               external_drafter=None, drafter_required: bool = False, long_drafts: bool = True,
-              cpu_target: bool = False, target_repack: bool | None = None) -> Plan:
+              cpu_target: bool = False, target_repack: bool | None = None,
+              flash_attn: bool | None = None) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
 
     Args:
@@ -467,6 +471,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         cpu_target: only placements that keep the target on the CPU (exact mode).
         target_repack: force the target's repacking alone (exact mode: off), the drafter's
             following ``repack``.
+        flash_attn: force the target's attention kernel (None: default_flash_attn's choice per
+            candidate); off plans only f16 caches, which are the only ones llama.cpp runs without it.
     Raises:
         InvalidRequest: a context above the trained context, or out-of-range arguments.
         PlacementUnavailable: a forced placement needs a GPU this machine or build lacks.
@@ -483,6 +489,10 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
                                  f"{target.name}; use --ctx {target.n_ctx_train} or less")
     if kv_type is not None and kv_type not in KV_CACHE_TYPES:
         raise InvalidRequest(f"KV cache type must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_type!r}")
+    if flash_attn is False:
+        if kv_type not in (None, "f16"):
+            raise InvalidRequest(f"a {kv_type} KV cache needs flash attention: drop --no-flash-attn or the cache type")
+        kv_type = "f16"
     if n_ubatch is not None and not 1 <= n_ubatch <= ENGINE_N_BATCH:
         raise InvalidRequest(f"n_ubatch must be in [1, {ENGINE_N_BATCH}], got {n_ubatch}")
     if draft_max is not None and not 1 <= draft_max <= 64:
@@ -498,7 +508,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
                              "safety margin; pass --ram-budget")
     def search(shape: placements.DraftShape, where: str | None) -> tuple[_Planner, _Eval, list[_Eval]]:
         pl = _Planner(target, drafter, m, ram_budget, vram_budget, suffix, shape.draft_max, shape.tree, mmap,
-                      repack, external_drafter, drafter_required, target_repack)
+                      repack, external_drafter, drafter_required, target_repack, flash_attn)
         evals = _candidates(pl, target, drafter, where, kv_type, n_ubatch, mmap, repack, n_ctx, cpu_target)
         fitting = [e for e in evals if e.fits]
         if not fitting and where is not None and placements.MODES[where].needs_gpu:
