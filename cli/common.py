@@ -48,8 +48,8 @@ EXACT = typer.Option(False, "--exact",
 FLASH_ATTN = typer.Option(None, "--flash-attn/--no-flash-attn",
                           help="The target's attention kernel (default: off for a target on the CPU with an f16 "
                                "cache, else llama.cpp's choice). On the 2-core test VM it makes one-token decodes "
-                               "2-7% faster below ~300 tokens of context and 16-token verifications 29% slower "
-                               "after 1024.")
+                               "3-7% faster at 20-128 tokens of context and 16-token verifications 29% slower "
+                               "at 1024.")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
 ONNX_PROVIDER = typer.Option("cpu", "--onnx-provider",
                              help="--draft onnx: onnxruntime execution provider, cpu | cuda | tensorrt | dml | "

@@ -26,8 +26,11 @@ def default_flash_attn(on_gpu: bool, kv_type: str = "f16") -> bool | None:
     """The attention kernel a context gets when the user does not choose.
 
     On the CPU, llama.cpp's flash-attention kernel is slower for the multi-token batches that
-    verification sends: after 900 tokens of context a 17-token batch of the 1.5B target took
-    385 ms with it and 317-341 ms without (2-core AVX-512 VM); one-token decodes cost the same.
+    verification sends once the context is long: `llama-bench -p 1,2,4,8,16,32,64 -d
+    128,512,1024,2048 -fa 0,1` of the 1.5B target (2-core AVX-512 VM) puts 4- to 32-token
+    batches 4-29% slower with it at depth 1024 and 14-32% at 2048; at depth 128 every size is
+    2-7% faster with it, and one-token decodes cost the same from depth 512 on. The default
+    keeps the long contexts of code edits fast; ``--flash-attn`` serves short chats.
     A quantized V cache needs it (llama.cpp refuses the context otherwise). GPUs keep
     llama.cpp's own choice (None: on where the device supports it).
     """
