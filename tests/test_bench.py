@@ -117,7 +117,7 @@ def test_prompt_file_formats_and_errors(tmp_path):
 
 def test_speedup_arithmetic():
     records = [
-        rec("1", "a", PLAIN, 100, 10.0, steps=99), rec("1", "a", "suffix", 100, 5.0, steps=33),
+        rec("1", "a", PLAIN, 100, 10.0, steps=99), rec("1", "a", "suffix", 100, 5.0, steps=33, accepted=66),
         rec("2", "b", PLAIN, 100, 20.0, steps=99), rec("2", "b", "suffix", 100, 20.0, steps=99),
     ]
     s = summarize(records)
@@ -129,6 +129,10 @@ def test_speedup_arithmetic():
     assert s["suffix"][OVERALL]["speedup"] == pytest.approx(12.5 / 7.5)
     assert s["suffix"]["a"]["mean_emitted"] == pytest.approx(99 / 33)
     assert s[PLAIN][OVERALL]["mean_emitted"] == pytest.approx(1.0)
+    # An answer ended by an end-of-generation token: its last step emitted that token too, so a
+    # step that drafted nothing counts as one token, not as the answer's tokens over its steps.
+    eog = summarize([rec("3", "c", PLAIN, 15, 1.0, steps=14), rec("3", "c", "none", 15, 1.0, steps=15)])
+    assert eog["none"]["c"]["mean_emitted"] == pytest.approx(1.0)
 
 
 def test_repeat_spread():

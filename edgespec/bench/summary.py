@@ -3,8 +3,9 @@
 Speedup follows Spec-Bench: the mean of per-prompt tokens/s of a configuration over the same
 mean for plain decoding in the same run, per category and overall. Tokens/s of a prompt is
 new tokens over the generation phase (prefill excluded and reported apart). Mean emitted
-tokens per step is the tokens produced by steps over the steps (1.00 for plain decoding; the
-first token comes out of the prefill, not a step).
+tokens per step is the tokens produced by steps over the steps: one per step plus its accepted
+drafts, the step that produced the end-of-generation token included (1.00 for plain decoding;
+the first token comes out of the prefill, not a step).
 
 Records of a later conversation turn (``bench --turns all``) form a group of their own,
 "CATEGORY (turn N)", beside their category's first turns; "overall" covers every turn. When the
@@ -67,7 +68,7 @@ class Record:
 def _cell(records: list[Record], plain_tps: float | None, native_tps: float | None) -> dict:
     tps = mean(r.tokens_per_s for r in records)
     steps = sum(r.steps for r in records)
-    emitted = sum(max(r.new_tokens - 1, 0) for r in records if r.steps)
+    emitted = sum(r.steps + r.accepted for r in records)
     return {
         "tokens_per_s": tps,
         "speedup": tps / plain_tps if plain_tps else None,
