@@ -112,11 +112,14 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
-    ap.add_argument("--only", help="run only the settings whose name contains this")
+    ap.add_argument("--only", help="run only the settings whose name contains this (write to files of "
+                                   "their own: --json/--markdown are replaced, not merged)")
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(*json.loads(a.child))))
         return
+    if a.only is not None and not any(a.only in name for name in SETTINGS):
+        ap.error(f"--only {a.only!r} matches no setting: {', '.join(SETTINGS)}")
     results = json.loads(json.dumps(run_all(a.model, a.only)))  # str keys, as read back
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))

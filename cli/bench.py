@@ -91,7 +91,8 @@ def bench(
     flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn",
                                               help="The target's attention kernel in every configuration and "
                                                    "in the peers (default: the engine's choice, off on the CPU; "
-                                                   "the peers llama.cpp's, on)."),
+                                                   "the peers llama.cpp's, on). llama.cpp's draft peer gives "
+                                                   "its drafter the same kernel; edgespec's drafter keeps its own."),
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record and the summary here."),

@@ -120,7 +120,7 @@ class EngineConfig:
     def _check_exact(self) -> None:
         if self.flash_attn is False:
             raise InvalidRequest("exact mode runs flash attention (without it the attention product "
-                                 "depends on the batch); drop flash_attn=False")
+                                 "depends on the batch); drop --no-flash-attn (flash_attn=False)")
         if self.recheck_gap > 0:
             raise InvalidRequest("exact mode computes every verified row as plain decoding does: "
                                  "near-tie re-checks would only cost time; drop --recheck-gap")

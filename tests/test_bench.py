@@ -133,6 +133,9 @@ def test_speedup_arithmetic():
     # step that drafted nothing counts as one token, not as the answer's tokens over its steps.
     eog = summarize([rec("3", "c", PLAIN, 15, 1.0, steps=14), rec("3", "c", "none", 15, 1.0, steps=15)])
     assert eog["none"]["c"]["mean_emitted"] == pytest.approx(1.0)
+    # Drafts accepted past the end of the answer (a copied "<|im_end|>..." run) are not emitted.
+    past = summarize([rec("4", "d", PLAIN, 15, 1.0, steps=14), rec("4", "d", "suffix", 15, 1.0, steps=3, accepted=20)])
+    assert past["suffix"]["d"]["mean_emitted"] == pytest.approx(15 / 3)
 
 
 def test_repeat_spread():

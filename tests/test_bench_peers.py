@@ -171,6 +171,22 @@ def test_missing_binary_raises_peer_unavailable(tmp_path, monkeypatch):
     assert peers.unavailable_reason("peer:llama-cpp-python-pld") is None
 
 
+def test_peers_run_with_the_kernel_asked(tmp_path, monkeypatch, model_path):
+    """peers.run passes flash_attn down to the native command line (a stand-in binary that
+    records its arguments and replays captured output)."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    b = tmp_path / "peers" / "bin" / peers.SPEC_BINARY
+    b.parent.mkdir(parents=True)
+    cap = DATA / "speculative_simple_ngram_mod"
+    b.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/argv\ncat {cap}.stdout.txt\ncat {cap}.txt >&2\n')
+    b.chmod(0o755)
+    prompt = (DATA / "speculative_simple_ngram_mod.prompt.txt").read_text(encoding="utf-8")
+    for fa in (True, False):
+        peers.run("peer:llama.cpp-ngram-mod", prompt, target_path=model_path(TARGET), max_tokens=128,
+                  threads=2, ctx=2048, flash_attn=fa)
+    assert [line.split("-fa ")[1].split()[0] for line in (tmp_path / "argv").read_text().splitlines()] == ["on", "off"]
+
+
 def test_find_peer_binary_prefers_edgespec_home(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))

@@ -68,7 +68,9 @@ class Record:
 def _cell(records: list[Record], plain_tps: float | None, native_tps: float | None) -> dict:
     tps = mean(r.tokens_per_s for r in records)
     steps = sum(r.steps for r in records)
-    emitted = sum(r.steps + r.accepted for r in records)
+    # A step's accepted drafts past an end token or stop string never reach the output: at most
+    # the answer's tokens after the first one, plus the end token, came out of steps.
+    emitted = sum(min(r.steps + r.accepted, r.new_tokens) for r in records if r.steps)
     return {
         "tokens_per_s": tps,
         "speedup": tps / plain_tps if plain_tps else None,
