@@ -18,11 +18,16 @@ from __future__ import annotations
 # On the GPU machine every model load segfaulted (in llama.cpp's print_info) when numpy had
 # been imported before llama_cpp, and none did the other way round (diag.py, 2026-11-26):
 # so llama_cpp is loaded first, before anything imports numpy.
+import os  # isort: skip
+
+# Curves are measured at llama.cpp's own op offload threshold unless the caller sets one
+# (edgespec.llama would set its own, 2, on import).
+os.environ.setdefault("GGML_OP_OFFLOAD_MIN_BATCH", "32")
+
 import llama_cpp  # noqa: F401  isort: skip
 
 import json
 import logging
-import os
 import re
 import statistics
 import sys
@@ -46,7 +51,7 @@ CLONES = {  # name: (header, shape)
 }
 ALL = 999  # every layer and the output layer on the GPU
 THIRD = "third"  # the last layers holding about a third of the weights
-# placement name: model, GPU layers, no_host, op_offload, batch sizes
+# placement name: model, GPU layers, no_host, op_offload, batch sizes[, use_mmap]
 CONFIGS = {
     "gpu-7b": ("qwen7b", ALL, False, True, SIZES),
     "gpu-1.5b": ("qwen1.5b", ALL, False, True, SIZES),
@@ -63,6 +68,10 @@ CONFIGS = {
     # ... and beside a tree drafter of 256 sequences (150 MiB more; the search now holds 64,
     # the chain drafter's context, so 4 layers stand beside trees too)
     "offload-7b-beside-tree-drafter": ("qwen7b", 3, False, True, SIZES),
+    # the same, the CPU-resident weights read into pinned host buffers (no mmap): op offload
+    # copies them to the GPU by DMA instead of through the driver's staging of pageable pages
+    "offload-7b-beside-drafter-pinned": ("qwen7b", 4, False, True, SIZES, False),
+    "offload-7b-pinned": ("qwen7b", THIRD, False, True, SIZES, False),
 }
 
 
@@ -160,13 +169,13 @@ def _chain(ctx, rng: np.random.Generator, vocab: int, steps: int = 32) -> float:
 def _params(config: str, path: str):
     from edgespec.llama.backend import ContextParams, ModelParams
 
-    _, layers, no_host, op_offload, sizes = CONFIGS[config]
+    _, layers, no_host, op_offload, sizes, *mmap = CONFIGS[config]
     info = {}
     if layers == THIRD:
         layers, gpu_bytes, total = third_of_weights(path)
         info = {"gpu_weight_bytes": gpu_bytes, "weight_bytes": total,
                 "gpu_weight_fraction": gpu_bytes / total}
-    mp = ModelParams(n_gpu_layers=layers, no_host=no_host)
+    mp = ModelParams(n_gpu_layers=layers, no_host=no_host, use_mmap=mmap[0] if mmap else True)
     cp = ContextParams(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=THREADS,
                        n_threads_batch=THREADS, n_outputs_max=512, op_offload=op_offload)
     return mp, cp, sizes, info
@@ -193,6 +202,7 @@ def measure_curve(config: str, models: str, out: str) -> None:
     log.info("%s: load %.1f s, prefill %.0f ms, chain %.2f ms/token", config, load_s,
              prefill_ms, chain)
     result = {"config": config, "model": CONFIGS[config][0], "model_params": vars_of(mp),
+              "op_offload_min_batch": int(os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH", "32")),
               "context_params": vars_of(cp), **info, "context": CONTEXT, "load_s": load_s,
               "prefill_512_ms": prefill_ms, "chain_ms_per_token": chain,
               "buffers": buffers.sizes, "devices": list_devices(), "curve": []}
@@ -213,7 +223,7 @@ def _write(path: str, data: dict) -> None:
 
 def table(results: str) -> None:
     """One line per placement: chain ms/token and ms per batch of n."""
-    print("placement".ljust(26) + "chain " + " ".join(f"{n:>7}" for n in SIZES))
+    print("placement".ljust(38) + "chain " + " ".join(f"{n:>7}" for n in SIZES))
     for name in sorted(os.listdir(results)):
         if not (name.startswith("curve-") and name.endswith(".json")):
             continue
@@ -221,7 +231,8 @@ def table(results: str) -> None:
             r = json.load(f)
         by_n = {p["n"]: p["ms"] for p in r["curve"]}
         cells = " ".join(f"{by_n[n]:7.1f}" if n in by_n else "      -" for n in SIZES)
-        print(f"{r['config']:<26}{r['chain_ms_per_token']:5.1f} {cells}")
+        label = r["config"] + (f" ob{r['op_offload_min_batch']}" if r.get("op_offload_min_batch", 32) != 32 else "")
+        print(f"{label:<38}{r['chain_ms_per_token']:5.1f} {cells}")
 
 
 def main(argv: list[str]) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap trees gputests offload beside numpy diag
+#   overlap trees gputests offload beside pinned pinned2 numpy diag
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -123,6 +123,37 @@ stage_beside() {  # the 7B beside the drafter: 4 layers (today's plan) and 3 (be
     for c in offload-7b-beside-drafter offload-7b-beside-tree-drafter; do
         run 30 python3 benchmarks/device/measure.py curve "$c" "$W/models" "$W/results/curve-$c.json"
     done
+}
+
+stage_pinned() {  # the offloaded 7B's weights pinned (no mmap), by op offload threshold; mmap beside
+    local c ob M="$W/models" R="$W/results"
+    for c in offload-7b-beside-drafter offload-7b-beside-drafter-pinned; do
+        [[ -f "$R/curve-$c.json.done" ]] || { run 40 python3 benchmarks/device/measure.py curve "$c" "$M" \
+            "$R/curve-$c.json" && touch "$R/curve-$c.json.done"; }
+    done
+    # GGML_OP_OFFLOAD_MIN_BATCH is read once per process: one process per threshold
+    for ob in 1 2 4 8 16; do
+        c=offload-7b-beside-drafter-pinned
+        [[ -f "$R/curve-$c-ob$ob.json.done" ]] || { GGML_OP_OFFLOAD_MIN_BATCH=$ob run 40 python3 \
+            benchmarks/device/measure.py curve "$c" "$M" "$R/curve-$c-ob$ob.json" && touch "$R/curve-$c-ob$ob.json.done"; }
+    done
+    for c in offload-7b-pinned offload-7b; do
+        [[ -f "$R/curve-$c.json.done" ]] || { run 40 python3 benchmarks/device/measure.py curve "$c" "$M" \
+            "$R/curve-$c.json" && touch "$R/curve-$c.json.done"; }
+    done
+}
+
+stage_pinned2() {  # thresholds 2 and 1 again, alternating (one token is noisy on the CPU); 9 layers at 2
+    local c=offload-7b-beside-drafter-pinned i ob M="$W/models" R="$W/results"
+    for i in 2 3; do
+        for ob in 2 1; do
+            [[ -f "$R/curve-$c-ob$ob-$i.json.done" ]] || { GGML_OP_OFFLOAD_MIN_BATCH=$ob run 40 python3 \
+                benchmarks/device/measure.py curve "$c" "$M" "$R/curve-$c-ob$ob-$i.json" && touch "$R/curve-$c-ob$ob-$i.json.done"; }
+        done
+    done
+    c=offload-7b-pinned
+    [[ -f "$R/curve-$c-ob2.json.done" ]] || { GGML_OP_OFFLOAD_MIN_BATCH=2 run 40 python3 \
+        benchmarks/device/measure.py curve "$c" "$M" "$R/curve-$c-ob2.json" && touch "$R/curve-$c-ob2.json.done"; }
 }
 
 stage_offload() {  # only the offload placement, e.g. after a change of its layer count
