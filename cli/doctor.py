@@ -55,6 +55,8 @@ def placements_here() -> dict:
 
 def collect() -> dict:
     """Everything doctor reports, as one JSON-ready dict."""
+    from edgespec.memory.placements import op_offload_min_batch
+
     info = backend.system_info()
     vm = psutil.virtual_memory()
     store = ModelStore()
@@ -68,7 +70,8 @@ def collect() -> dict:
         # Unified-memory boards (Jetson) share RAM with the GPU: "available" is what counts.
         "ram": {"total": vm.total, "available": vm.available},
         "llama_cpp": {"llama_cpp_python": info["llama_cpp_python"], "gpu_offload": info["gpu_offload"],
-                      "mmap": info["mmap"], "mlock": info["mlock"], "devices": info["devices"]},
+                      "mmap": info["mmap"], "mlock": info["mlock"], "devices": info["devices"],
+                      "op_offload_min_batch": op_offload_min_batch()},
         "native_extensions": HAVE_NATIVE,
         "onnx": onnx_providers(),
         "placements": placements_here(),
@@ -98,6 +101,9 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     for dev in lc["devices"]:
         t.add_row("  device", f"{dev['name']} ({dev['type']}): {dev['description']}, "
                   f"{human_bytes(dev['memory_free'])} free of {human_bytes(dev['memory_total'])}")
+    if lc["gpu_offload"]:
+        t.add_row("  op offload", f"batches of {lc['op_offload_min_batch']}+ tokens copy a split target's "
+                  "CPU weights to the GPU (GGML_OP_OFFLOAD_MIN_BATCH)")
     for name, p in d["placements"].items():
         t.add_row(f"  placement {name}", ("yes: " + p["what"]) if p["available"] else f"no: {p['why_not']}")
     ox = d["onnx"]

@@ -151,3 +151,8 @@ def test_planned_vram_matches_what_cuda_allocates(mode, shape):
                    if k.startswith("CUDA") and not k.startswith("CUDA_Host"))
     planned = plan.vram_bytes - GPU_RUNTIME_BYTES
     assert abs(planned - reported) <= 0.10 * reported, (mode, planned, reported)
+    if mode == "offload":  # the target's CPU-resident weights pinned as planned, for op offload's
+        # copies (the drafter, wholly on the GPU, maps its token embeddings: "CPU_Mapped model")
+        pinned = reported_buffers(cap.lines).get("CUDA_Host model", 0)
+        weights = next(p.bytes for p in plan.parts if p.component == "target weights")
+        assert not plan.use_mmap and abs(weights - pinned) <= 0.10 * pinned, (weights, pinned)

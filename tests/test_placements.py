@@ -47,6 +47,43 @@ def test_vram_decides_the_mode(pair):
     assert [d.name for d in split.decisions][:4] == ["ram_budget", "vram_budget", "placement", "n_gpu_layers"]
 
 
+def test_a_split_target_reads_its_cpu_weights_into_pinned_host_buffers(pair):
+    split = _plan(pair, 1500 * MiB)
+    load = next(d for d in split.decisions if d.name == "load")
+    assert split.placement == "offload" and not split.use_mmap
+    assert load.value == "pinned host buffers (no mmap)" and "op offload" in load.why
+    assert f"{placements.op_offload_min_batch()}+ tokens" in load.why
+    # Pinned or mapped with every page resident, the weights take the same RAM.
+    mapped = _plan(pair, 1500 * MiB, mmap=True)
+    assert mapped.use_mmap and mapped.n_gpu_layers == split.n_gpu_layers
+    assert mapped.ram_bytes == split.ram_bytes
+    # Only a split target is pinned: wholly on the GPU it maps its file, on the CPU it is
+    # read into repacked buffers, and a unified-memory board has no copy to speed up.
+    assert _plan(pair, 16 * GiB).use_mmap
+    cpu_target = next(d for d in _plan(pair, 800 * MiB).decisions if d.name == "load")
+    assert "pinned" not in cpu_target.value
+    t, d = pair
+    board = gpu_machine(2 * GiB, unified=True, ram_total=8 * GiB, ram_available=6 * GiB)
+    on_board = planner.make_plan(t, d, None, None, 4096, machine_info=board, placement="offload")
+    assert on_board.n_gpu_layers <= t.n_layer and on_board.use_mmap
+
+
+def test_edgespec_sets_the_op_offload_threshold_unless_the_user_did():
+    import os
+    import subprocess
+    import sys
+
+    from edgespec.llama import OP_OFFLOAD_MIN_BATCH
+
+    code = "import edgespec, os; print(os.environ['GGML_OP_OFFLOAD_MIN_BATCH'])"
+    env = {k: v for k, v in os.environ.items() if k != "GGML_OP_OFFLOAD_MIN_BATCH"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(OP_OFFLOAD_MIN_BATCH)
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "GGML_OP_OFFLOAD_MIN_BATCH": "64"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "64"
+
+
 @pytest.fixture(scope="module")
 def pair_7b(model_path, tmp_path_factory, pair):
     """A 7B-shaped Qwen2.5 target (the 1.5B's header, cloned) beside the real 0.5B drafter: its
@@ -194,3 +231,16 @@ def test_overlap_is_draft_gpu_with_drafting_ahead_and_only_when_asked(pair):
     assert (forced.n_gpu_layers, forced.drafter_placement, forced.no_host, forced.op_offload) == \
         (dovetail.n_gpu_layers, dovetail.drafter_placement, dovetail.no_host, dovetail.op_offload)
     assert planner.make_plan(t, d, 8 * GiB, 8 * GiB, 4096, machine_info=m).placement != "overlap"
+
+
+def test_a_drafter_wholly_on_the_cpu_never_ships_its_batches_to_the_gpu(model_path):
+    """With edgespec's op offload threshold of 2 tokens a GPU build would otherwise copy a CPU
+    drafter's weights to the GPU for every tree round of 2+ nodes."""
+    from edgespec.drafters.model import ModelDrafter
+    from edgespec.llama.backend import LlamaModel, ModelParams
+
+    drafter = ModelDrafter(LlamaModel(model_path(SMALL), ModelParams(n_gpu_layers=0)), n_ctx=256, owns_model=True)
+    try:
+        assert drafter.ctx.params.op_offload is False
+    finally:
+        drafter.close()

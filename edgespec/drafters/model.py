@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -122,7 +123,9 @@ class ModelDrafter:
         self.min_confidence = min_confidence
         self.branch = branch
         self.round_size = round_size
-        self.ctx = ctx if ctx is not None else LlamaContext(model, self.context_params(n_ctx, n_threads))
+        # a drafter wholly on the CPU of a GPU build never ships its batches to the GPU (op offload)
+        self.ctx = ctx if ctx is not None else LlamaContext(
+            model, replace(self.context_params(n_ctx, n_threads), op_offload=model.params.n_gpu_layers != 0))
         self.last_search = None  # the last tree's SearchResult (rounds, expansions)
         # Trees take the largest size of the menu within the step's budget, or, with a cost
         # model, the size that pays from what trees accepted so far.

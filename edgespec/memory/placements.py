@@ -6,16 +6,18 @@ each mode declares where its parts go and what llama.cpp must be told for that:
 * the target's CPU-resident weights are repacked for the CPU kernels only when a GPU build
   loads them outside its pinned host buffers (``no_host``), so a target verified on the CPU
   asks for that;
-* op offload (batches of >= 32 tokens copy CPU-resident weights to the GPU and multiply there)
-  is what makes large drafts cheap for a partly offloaded target, and what a target verified on
-  the CPU must not do.
+* op offload (batches of at least ``op_offload_min_batch()`` tokens copy CPU-resident weights
+  to the GPU and multiply there) is what makes large drafts cheap for a partly offloaded
+  target, and what a target verified on the CPU must not do.
 
 Measured on an H100 machine with 8 CPU threads (benchmarks/RESULTS-gpu.md, 7B-shaped clone):
-a third of the layers on the GPU verifies 32-512 tokens for 350-440 ms against 83 ms per
-token, while the same target on the CPU pays 458 ms for 16 tokens and 1333 ms for 64.
+4 of 29 layers on the GPU beside the drafter, the rest pinned in host memory, verifies 2-64
+tokens for 92-101 ms against 88-101 ms for one (mapped from the file instead: 32-512 tokens
+for 500-524 ms), while the same target on the CPU pays 458 ms for 16 tokens and 1333 ms for 64.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from edgespec.errors import InvalidRequest
@@ -114,6 +116,15 @@ def check_available(name: str, m: MachineInfo) -> PlacementMode:
     if why:
         raise PlacementUnavailable(f"placement {name} needs a GPU: {why}")
     return p
+
+
+def op_offload_min_batch() -> int:
+    """The op offload threshold llama.cpp reads: the environment's (edgespec.llama sets it
+    unless the user did), else llama.cpp's own default."""
+    try:
+        return int(os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH", "32"))
+    except ValueError:
+        return 0  # llama.cpp's atoi: any batch
 
 
 def target_flags(n_gpu_layers: int, gpu_build: bool) -> tuple[bool, bool]:
