@@ -44,6 +44,14 @@ PLACEMENTS = {
     **{f"offload-7b-beside-{kind}-{k}": (f"offload-7b-beside-{kind}-{k}", "gpu-0.5b")
        for kind in ("drafter", "tree-drafter") for k in range(5, 12)},  # four runs of one call, three of another
     "offload-7b-no-op-offload": ("offload-7b-no-op-offload", "gpu-0.5b"),
+    # one call on one H100 machine (2026-11-28): the two layouts with mapped weights, then with
+    # their CPU-resident weights pinned (no mmap), beside the drafter by op offload threshold
+    "offload-7b-12": ("offload-7b-12", "gpu-0.5b"),
+    "offload-7b-pinned": ("offload-7b-pinned", "gpu-0.5b"),
+    "offload-7b-beside-drafter-12": ("offload-7b-beside-drafter-12", "gpu-0.5b"),
+    "offload-7b-beside-drafter-pinned": ("offload-7b-beside-drafter-pinned", "gpu-0.5b"),
+    **{f"offload-7b-beside-drafter-pinned-ob{n}": (f"offload-7b-beside-drafter-pinned-ob{n}", "gpu-0.5b")
+       for n in (1, 2, 4, 8, 16)},
     "draft-gpu-7b": ("cpu-7b", "gpu-0.5b"),  # Dovetail: target on the CPU, drafter on the GPU
     "draft-gpu-1.5b": ("cpu-1.5b", "gpu-0.5b"),
     "cpu-7b": ("cpu-7b", "cpu-0.5b"),
