@@ -55,7 +55,7 @@ def placements_here() -> dict:
 
 def collect() -> dict:
     """Everything doctor reports, as one JSON-ready dict."""
-    from edgespec.memory.placements import op_offload_min_batch
+    from edgespec.llama.kernels import op_offload_min_batch
 
     info = backend.system_info()
     vm = psutil.virtual_memory()

@@ -163,12 +163,11 @@ class Engine:
             self.draft_shape = placements.DraftShape(plan.draft_max, plan.draft_tree)
         else:
             self.draft_shape = placements.CHAINS.given(config.draft_max, config.draft_tree)
-            model_params = ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=config.use_mmap,
-                                       use_mlock=config.use_mlock)
+            model_params, op_offload = _unplanned_params(config, path)
             # one sequence per root-to-leaf path of a draft, plus the main one
             n_seq = config.n_seq_max or 1 + (self.draft_shape.draft_max if config.draft is not None else 0)
             ctx_params = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq,
-                                       flash_attn=_flash_attn(config))
+                                       flash_attn=_flash_attn(config), op_offload=op_offload)
         if config.exact:
             model_params, ctx_params = invariant.model_params(model_params), invariant.context_params(ctx_params)
         self.model = LlamaModel(path, model_params)
@@ -406,6 +405,17 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _unplanned_params(config: EngineConfig, path) -> tuple[ModelParams, bool]:
+    """The target as asked (``n_gpu_layers``), with the planner's rules for a GPU build
+    (placements.unplanned_target); the model parameters and the context's op offload."""
+    from edgespec.files.modelfile import model_file
+    from edgespec.llama.backend import gpu_build
+
+    n_layer = model_file(path).info.n_layers or 0
+    op_offload, use_mmap = placements.unplanned_target(config.n_gpu_layers, n_layer, gpu_build(), config.use_mmap)
+    return ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=use_mmap, use_mlock=config.use_mlock), op_offload
 
 
 def _flash_attn(config: EngineConfig) -> bool | None:

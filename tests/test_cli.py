@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import SMALL
 
 EDGESPEC = str(Path(sys.executable).with_name("edgespec"))
@@ -119,8 +118,9 @@ def test_doctor_json():
     assert d["ram"]["total"] > 0 and d["cpu"]["physical_cores"] >= 1
     assert isinstance(d["llama_cpp"]["gpu_offload"], bool)
     assert any(dev["type"] == "cpu" for dev in d["llama_cpp"]["devices"])
-    from edgespec.llama import OP_OFFLOAD_MIN_BATCH  # the CLI's process sets it, unless the user did
-    assert d["llama_cpp"]["op_offload_min_batch"] == int(os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH", OP_OFFLOAD_MIN_BATCH))
+    from edgespec.llama.kernels import op_offload_min_batch
+
+    assert d["llama_cpp"]["op_offload_min_batch"] == op_offload_min_batch()  # the environment it passed down
     assert {m["name"] for m in d["store"]["models"]} >= {"qwen2.5-coder-1.5b", "smollm2-135m"}
 
 

@@ -6,12 +6,20 @@ CPU-only build) so the plans do not depend on where the tests run; the engine te
 model on this machine."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import DRAFTER, SMALL, TARGET
 from test_planner import GiB, MiB, cpu_machine, gpu_machine
 
+import edgespec.llama
 from edgespec.engine import Engine, EngineConfig
 from edgespec.errors import BudgetExceeded, InvalidRequest
+from edgespec.llama.kernels import (
+    OP_OFFLOAD_ENV,
+    OP_OFFLOAD_MIN_BATCH,
+    op_offload_min_batch,
+)
 from edgespec.memory import placements, planner
 from edgespec.memory.machine import _is_unified
 
@@ -47,16 +55,18 @@ def test_vram_decides_the_mode(pair):
     assert [d.name for d in split.decisions][:4] == ["ram_budget", "vram_budget", "placement", "n_gpu_layers"]
 
 
-def test_a_split_target_reads_its_cpu_weights_into_pinned_host_buffers(pair):
+def test_a_split_target_reads_its_cpu_weights_into_pinned_host_buffers(pair, monkeypatch):
     split = _plan(pair, 1500 * MiB)
     load = next(d for d in split.decisions if d.name == "load")
     assert split.placement == "offload" and not split.use_mmap
     assert load.value == "pinned host buffers (no mmap)" and "op offload" in load.why
-    assert f"{placements.op_offload_min_batch()}+ tokens" in load.why
-    # Pinned or mapped with every page resident, the weights take the same RAM.
+    assert f"{op_offload_min_batch()}+ tokens" in load.why
+    # Pinned or mapped with every page resident, the weights take the same RAM; a forced
+    # mapping is planned as asked, with a warning.
     mapped = _plan(pair, 1500 * MiB, mmap=True)
     assert mapped.use_mmap and mapped.n_gpu_layers == split.n_gpu_layers
     assert mapped.ram_bytes == split.ram_bytes
+    assert any("pageable" in w for w in mapped.warnings) and not any("pageable" in w for w in split.warnings)
     # Only a split target is pinned: wholly on the GPU it maps its file, on the CPU it is
     # read into repacked buffers, and a unified-memory board has no copy to speed up.
     assert _plan(pair, 16 * GiB).use_mmap
@@ -65,23 +75,51 @@ def test_a_split_target_reads_its_cpu_weights_into_pinned_host_buffers(pair):
     t, d = pair
     board = gpu_machine(2 * GiB, unified=True, ram_total=8 * GiB, ram_available=6 * GiB)
     on_board = planner.make_plan(t, d, None, None, 4096, machine_info=board, placement="offload")
-    assert on_board.n_gpu_layers <= t.n_layer and on_board.use_mmap
+    assert 0 < on_board.n_gpu_layers <= t.n_layer and on_board.use_mmap
+    # Measured on CUDA only, and not where CUDA is told not to pin.
+    other = gpu_machine(16 * GiB)
+    other = replace(other, gpus=(replace(other.gpus[0], name="Vulkan0"),))
+    assert planner.make_plan(t, d, 8 * GiB, 1500 * MiB, 4096, machine_info=other).use_mmap
+    monkeypatch.setenv("GGML_CUDA_NO_PINNED", "1")
+    assert _plan(pair, 1500 * MiB).use_mmap
+
+
+def test_a_target_loaded_as_asked_follows_the_planners_rules():
+    # (op_offload, use_mmap) for n_gpu_layers of a 28-block model
+    assert placements.unplanned_target(0, 28, True, True) == (False, True)  # on the CPU: no batch leaves it
+    assert placements.unplanned_target(10, 28, True, True) == (True, False)  # split: pinned
+    assert placements.unplanned_target(99, 28, True, True) == (True, True)  # wholly on the GPU
+    assert placements.unplanned_target(-1, 28, True, True) == (True, True)  # every layer the build can
+    assert placements.unplanned_target(10, 28, False, True)[1]  # a CPU build maps
+
+
+def test_the_op_offload_threshold_is_read_as_llama_cpp_reads_it(monkeypatch):
+    monkeypatch.delenv(OP_OFFLOAD_ENV, raising=False)
+    assert op_offload_min_batch() == 32  # llama.cpp's default when unset
+    for value, read in (("2", 2), (" 16", 16), ("8x", 8), ("x", 0), ("", 0)):
+        monkeypatch.setenv(OP_OFFLOAD_ENV, value)
+        assert op_offload_min_batch() == read, value
 
 
 def test_edgespec_sets_the_op_offload_threshold_unless_the_user_did():
+    """Set by `import edgespec`, before llama_cpp is imported (its CUDA backend reads it once);
+    native peers get llama.cpp's own unless the user set one."""
     import os
     import subprocess
     import sys
 
-    from edgespec.llama import OP_OFFLOAD_MIN_BATCH
+    code = ("import sys, edgespec, os; from edgespec.bench.peers import _native_env; "
+            f"print(os.environ['{OP_OFFLOAD_ENV}'], _native_env().get('{OP_OFFLOAD_ENV}'))")
+    env = {k: v for k, v in os.environ.items() if k != OP_OFFLOAD_ENV}
+    for given, ours, peers in ((None, str(OP_OFFLOAD_MIN_BATCH), "None"), ("", str(OP_OFFLOAD_MIN_BATCH), "None"),
+                               ("64", "64", "64")):
+        run_env = env if given is None else {**env, OP_OFFLOAD_ENV: given}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == [ours, peers], given
+    from pathlib import Path
 
-    code = "import edgespec, os; print(os.environ['GGML_OP_OFFLOAD_MIN_BATCH'])"
-    env = {k: v for k, v in os.environ.items() if k != "GGML_OP_OFFLOAD_MIN_BATCH"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == str(OP_OFFLOAD_MIN_BATCH)
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "GGML_OP_OFFLOAD_MIN_BATCH": "64"},
-                         capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "64"
+    source = (Path(edgespec.llama.__file__).parent / "__init__.py").read_text()
+    assert source.index("set_op_offload_min_batch()") < source.index("import llama_cpp")
 
 
 @pytest.fixture(scope="module")

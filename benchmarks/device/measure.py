@@ -37,6 +37,7 @@ import numpy as np
 
 from edgespec.files.clone import CloneShape, write_clone
 from edgespec.files.gguf import read_gguf_header
+from edgespec.llama.kernels import op_offload_min_batch
 
 log = logging.getLogger("measure")
 
@@ -202,7 +203,7 @@ def measure_curve(config: str, models: str, out: str) -> None:
     log.info("%s: load %.1f s, prefill %.0f ms, chain %.2f ms/token", config, load_s,
              prefill_ms, chain)
     result = {"config": config, "model": CONFIGS[config][0], "model_params": vars_of(mp),
-              "op_offload_min_batch": int(os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH", "32")),
+              "op_offload_min_batch": op_offload_min_batch(),
               "context_params": vars_of(cp), **info, "context": CONTEXT, "load_s": load_s,
               "prefill_512_ms": prefill_ms, "chain_ms_per_token": chain,
               "buffers": buffers.sizes, "devices": list_devices(), "curve": []}

@@ -20,16 +20,16 @@ import logging
 import statistics
 from dataclasses import replace
 
-from edgespec.bench import replay as rp
-
 from heldout import overall
 from simulate import DEVICE_CURVES, load_traces
 
+from edgespec.bench import replay as rp
+
 BESIDE = "offload-7b-beside-drafter"
 LAYOUTS = {  # name: (mapped curve, pinned samples at the threshold edgespec sets)
-    f"4 layers beside the drafter, threshold 2": (f"{BESIDE}-12", tuple(
+    "4 layers beside the drafter, threshold 2": (f"{BESIDE}-12", tuple(
         f"{BESIDE}-pinned-ob2{s}" for s in ("", "-2", "-3"))),
-    f"4 layers beside the drafter, threshold 1": (f"{BESIDE}-12", tuple(
+    "4 layers beside the drafter, threshold 1": (f"{BESIDE}-12", tuple(
         f"{BESIDE}-pinned-ob1{s}" for s in ("", "-2", "-3"))),
     "4 layers beside the drafter, threshold 32 (llama.cpp's)": (f"{BESIDE}-12", (f"{BESIDE}-pinned",)),
     "9 layers, the drafter on top, threshold 2": ("offload-7b-12", ("offload-7b-pinned-ob2",)),

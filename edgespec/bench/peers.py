@@ -146,10 +146,15 @@ _RE_SAMPLER = re.compile(rf"\bsampling time\s*=\s*{_NUM}\s*ms")
 
 
 def _native_env() -> dict[str, str]:
-    """The environment of a native peer: llama.cpp's default kernels even in an `--exact` run."""
+    """The environment of a native peer: llama.cpp's default kernels even in an `--exact` run,
+    and its own op offload threshold unless the user set one (edgespec's is for its pinned
+    split targets; a native peer maps its weights)."""
+    from edgespec.llama import OP_OFFLOAD_SET_BY_EDGESPEC
     from edgespec.llama.invariant import TILED_MM_ENV
+    from edgespec.llama.kernels import OP_OFFLOAD_ENV
 
-    return {**{k: v for k, v in os.environ.items() if k != TILED_MM_ENV}, "LC_ALL": "C"}
+    drop = {TILED_MM_ENV} | ({OP_OFFLOAD_ENV} if OP_OFFLOAD_SET_BY_EDGESPEC else set())
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "LC_ALL": "C"}
 
 
 def _num(s: str) -> float:

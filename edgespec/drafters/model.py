@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import numpy as np
 
@@ -123,9 +122,8 @@ class ModelDrafter:
         self.min_confidence = min_confidence
         self.branch = branch
         self.round_size = round_size
-        # a drafter wholly on the CPU of a GPU build never ships its batches to the GPU (op offload)
         self.ctx = ctx if ctx is not None else LlamaContext(
-            model, replace(self.context_params(n_ctx, n_threads), op_offload=model.params.n_gpu_layers != 0))
+            model, self.context_params(n_ctx, n_threads, on_gpu=model.params.n_gpu_layers != 0))
         self.last_search = None  # the last tree's SearchResult (rounds, expansions)
         # Trees take the largest size of the menu within the step's budget, or, with a cost
         # model, the size that pays from what trees accepted so far.
@@ -138,11 +136,14 @@ class ModelDrafter:
         self.rng = np.random.default_rng()
 
     @staticmethod
-    def context_params(n_ctx: int, n_threads: int | None = None) -> ContextParams:
+    def context_params(n_ctx: int, n_threads: int | None = None, on_gpu: bool = True) -> ContextParams:
         """The drafter's context, chains or trees: SEQUENCES for a tree search's held nodes; a
         small ubatch keeps the compute buffer (ubatch x vocabulary logits) small. The planner
-        sizes the drafter from this declaration."""
-        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=SEQUENCES, n_threads=n_threads)
+        sizes the drafter from this declaration. A drafter wholly on the CPU (``on_gpu``
+        False) of a GPU build never ships a batch to the GPU: at edgespec's op offload threshold
+        every tree round of 2+ nodes would copy its weights there."""
+        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=SEQUENCES, n_threads=n_threads,
+                             op_offload=on_gpu)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None, rng=None) -> None:

@@ -5,17 +5,9 @@ libgfortran/libquadmath/OpenBLAS) every model load died of SIGSEGV in llama.cpp'
 numpy had been loaded before llama.cpp's libraries, and never the other way round
 (benchmarks/device/diag.py; RESULTS-gpu.md). ``import edgespec`` comes here before anything else.
 """
-import os
+from edgespec.llama.kernels import set_op_offload_min_batch  # no llama_cpp, no numpy
 
-# The smallest batch for which a CUDA build copies CPU-resident weights to the GPU and multiplies
-# there (llama.cpp reads it once, when its CUDA backend registers; its default is 32). A target
-# split between GPU and CPU keeps its CPU weights in pinned host buffers (the planner), and from
-# there the copy costs about one token on the CPU: H100 host, 7B with 4 of 29 layers on the GPU,
-# 8 threads, 2 to 16 rows cost 92-100 ms through the GPU against 129-420 ms on the CPU, one token
-# 88-101 ms either way (benchmarks/RESULTS-gpu.md section 16). One token stays on the CPU, where
-# a slower link than this machine's PCIe 5 cannot make plain decoding slower. Set it in the
-# environment to override.
-OP_OFFLOAD_MIN_BATCH = 2
-os.environ.setdefault("GGML_OP_OFFLOAD_MIN_BATCH", str(OP_OFFLOAD_MIN_BATCH))
+# op offload's threshold, before llama.cpp's CUDA backend can register (edgespec.llama.kernels)
+OP_OFFLOAD_SET_BY_EDGESPEC = set_op_offload_min_batch()
 
 import llama_cpp  # noqa: F401  isort: skip

@@ -65,6 +65,11 @@ def default_threads() -> int:
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
+def gpu_build() -> bool:
+    """Whether this llama.cpp build can offload to a GPU."""
+    return bool(lc.llama_supports_gpu_offload())
+
+
 def system_info() -> dict:
     """What the installed llama.cpp build can do (for `edgespec doctor`)."""
     ensure_initialized()
@@ -155,8 +160,8 @@ class ContextParams:
     # Most logits rows one decode may return; None: n_batch. llama.cpp reserves a compute
     # buffer of rows x vocabulary floats, so verification-sized values save hundreds of MB.
     n_outputs_max: int | None = None
-    # CUDA builds: a batch of >= 32 tokens copies CPU-resident weights to the GPU and multiplies
-    # there (GGML_OP_OFFLOAD_MIN_BATCH); False keeps such batches on the CPU.
+    # GPU builds: a batch of at least edgespec.llama.kernels.op_offload_min_batch() tokens copies
+    # CPU-resident weights to the GPU and multiplies there; False keeps every batch on the CPU.
     op_offload: bool = True
 
 

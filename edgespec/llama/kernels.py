@@ -2,7 +2,38 @@
 (no llama_cpp import: the planner reads these without loading anything)."""
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
+
+# The smallest batch for which a CUDA build copies CPU-resident weights to the GPU and multiplies
+# there (op offload). llama.cpp reads the variable once, when its CUDA backend registers; its own
+# default is 32. edgespec sets 2 (unless the user set it), for a split target whose CPU weights
+# the planner pins in host memory: from there the copy costs about one token on the CPU, so a
+# 2-token verification costs 0.7x and an 8- to 31-token one a quarter of what the CPU charges
+# (benchmarks/RESULTS-gpu.md section 16). One token stays on the CPU: over a slower link than
+# that machine's PCIe 5 a copy per token would slow plain decoding.
+OP_OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
+LLAMA_CPP_OP_OFFLOAD_MIN_BATCH = 32
+OP_OFFLOAD_MIN_BATCH = 2
+
+
+def set_op_offload_min_batch() -> bool:
+    """Sets edgespec's threshold unless the user set one (an empty value counts as unset);
+    True when edgespec set it. Call before llama.cpp's CUDA backend registers."""
+    if os.environ.get(OP_OFFLOAD_ENV, "").strip():
+        return False
+    os.environ[OP_OFFLOAD_ENV] = str(OP_OFFLOAD_MIN_BATCH)
+    return True
+
+
+def op_offload_min_batch() -> int:
+    """The threshold llama.cpp reads: the environment's, parsed as its atoi does, else its own."""
+    value = os.environ.get(OP_OFFLOAD_ENV)
+    if value is None:
+        return LLAMA_CPP_OP_OFFLOAD_MIN_BATCH
+    m = re.match(r"\s*([+-]?\d+)", value)
+    return int(m.group(1)) if m else 0
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ def _peer_llama(model_path: str, n_threads: int, n_ctx: int, num_pred_tokens: in
             llm = lc.Llama(model_path=model_path,
                            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
                            logits_all=True, n_ctx=n_ctx, n_threads=n_threads,
-                           n_threads_batch=n_threads, verbose=False, flash_attn=flash_attn)
+                           n_threads_batch=n_threads, verbose=False, flash_attn=flash_attn,
+                           op_offload=False)  # wholly on the CPU: no batch goes to a GPU
             _peer_llamas[key] = llm
         return llm
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from edgespec.llama.kernels import op_offload_min_batch
 from edgespec.memory import placements
 from edgespec.memory.footprint import ModelFootprint
 from edgespec.memory.machine import MachineInfo, default_threads
@@ -138,13 +139,24 @@ def _weights(c: _Context) -> list[Decision]:
 
 def _load(c: _Context) -> Decision:
     e, cfg = c.e, c.e.cfg
+    pinned = c.pl.pins_split_target(e.ngl)
     if e.use_mmap:
         why = "weights are mapped from the file: shared with the page cache, loaded on demand"
         if not cfg.resident:
             why = "file-backed weights need the mapping (pages are dropped and re-read)"
         elif e.repack_active:
             why = f"forced: note that mmap + repacking keeps both copies resident (+{fmt_bytes(e.repack_bytes)})"
+        elif pinned:
+            why = ("forced: note that op offload then copies the CPU layers' weights from mapped pages, "
+                   "about 5x slower than from pinned memory (benchmarks/RESULTS-gpu.md section 16)")
+            c.warnings.append(f"the split target's CPU weights are mapped (forced): every verification of "
+                              f"{op_offload_min_batch()}+ tokens copies them to the GPU from pageable memory")
         return Decision("load", "mmap", why)
+    if pinned:
+        return Decision("load", "pinned host buffers (no mmap)",
+                        f"op offload copies the CPU-resident weights to the GPU for every batch of "
+                        f"{op_offload_min_batch()}+ tokens, by DMA from pinned memory instead of through the "
+                        "driver's staging of mapped pages (benchmarks/RESULTS-gpu.md section 16)")
     if not c.m.mmap_supported:
         return Decision("load", "full load", "this llama.cpp build cannot mmap")
     if e.repack_active:
@@ -152,11 +164,6 @@ def _load(c: _Context) -> Decision:
                         f"llama.cpp repacks {fmt_bytes(e.repack_bytes)} of the weights for this CPU; with mmap "
                         f"the mapped originals would stay resident as well (+{fmt_bytes(e.repack_bytes)}), "
                         "a full load reads them straight into the repacked buffer")
-    if c.pl.pins_split_target(e.ngl):
-        return Decision("load", "pinned host buffers (no mmap)",
-                        "op offload copies the CPU-resident weights to the GPU for every batch of "
-                        f"{placements.op_offload_min_batch()}+ tokens: by DMA from pinned memory, through the driver's staging "
-                        "from mapped pages (H100: 97 ms against 524 ms for 64 tokens)")
     return Decision("load", "full load (no mmap)", "forced")
 
 

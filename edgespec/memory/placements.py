@@ -6,18 +6,17 @@ each mode declares where its parts go and what llama.cpp must be told for that:
 * the target's CPU-resident weights are repacked for the CPU kernels only when a GPU build
   loads them outside its pinned host buffers (``no_host``), so a target verified on the CPU
   asks for that;
-* op offload (batches of at least ``op_offload_min_batch()`` tokens copy CPU-resident weights
-  to the GPU and multiply there) is what makes large drafts cheap for a partly offloaded
+* op offload (batches of at least ``edgespec.llama.kernels.op_offload_min_batch()`` tokens
+  copy CPU-resident weights to the GPU and multiply there) is what makes large drafts cheap for a partly offloaded
   target, and what a target verified on the CPU must not do.
 
-Measured on an H100 machine with 8 CPU threads (benchmarks/RESULTS-gpu.md, 7B-shaped clone):
-4 of 29 layers on the GPU beside the drafter, the rest pinned in host memory, verifies 2-64
-tokens for 92-101 ms against 88-101 ms for one (mapped from the file instead: 32-512 tokens
-for 500-524 ms), while the same target on the CPU pays 458 ms for 16 tokens and 1333 ms for 64.
+Measured on an H100 machine with 8 CPU threads (benchmarks/RESULTS-gpu.md sections 1 and 16,
+7B-shaped clone): with its CPU layers pinned in host memory, a split target verifies 2 to 128
+tokens for about what one token costs, while the same target wholly on the CPU pays 458 ms for
+16 tokens and 1333 ms for 64 against 131 ms for one.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from edgespec.errors import InvalidRequest
@@ -52,7 +51,7 @@ MODES = {m.name: m for m in (
     PlacementMode("gpu", "gpu", "gpu", "target and drafter on the GPU (ordinary speculation)"),
     PlacementMode("offload", "split", "gpu",
                   "target partly on the GPU (the layers the VRAM budget holds), drafter on the GPU; "
-                  "drafts of 32+ tokens are verified by streaming the CPU layers' weights to the GPU"),
+                  "its CPU layers pinned in host memory; drafts are verified by copying their weights to the GPU"),
     PlacementMode("draft-gpu", "cpu", "gpu",
                   "drafter on the GPU, target on the CPU with repacked weights (Dovetail)"),
     PlacementMode("overlap", "cpu", "gpu",
@@ -118,13 +117,12 @@ def check_available(name: str, m: MachineInfo) -> PlacementMode:
     return p
 
 
-def op_offload_min_batch() -> int:
-    """The op offload threshold llama.cpp reads: the environment's (edgespec.llama sets it
-    unless the user did), else llama.cpp's own default."""
-    try:
-        return int(os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH", "32"))
-    except ValueError:
-        return 0  # llama.cpp's atoi: any batch
+def unplanned_target(n_gpu_layers: int, n_layer: int, gpu_build: bool, use_mmap: bool) -> tuple[bool, bool]:
+    """(op_offload, use_mmap) for a target loaded as asked (``--n-gpu-layers``, no plan), by the
+    planner's rules: a target wholly on the CPU never ships a batch to the GPU, and a split one
+    (a block left on the CPU) of a GPU build reads its CPU weights into pinned host buffers."""
+    split = gpu_build and 0 < n_gpu_layers <= n_layer
+    return target_flags(n_gpu_layers, gpu_build)[1], use_mmap and not split
 
 
 def target_flags(n_gpu_layers: int, gpu_build: bool) -> tuple[bool, bool]:

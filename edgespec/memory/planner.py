@@ -9,6 +9,8 @@ GPU figures are estimates (see edgespec.memory.footprint).
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 
@@ -115,7 +117,7 @@ class Plan:
     drafter_placement: str         # "gpu" | "cpu" | "none"
     placement: str                 # edgespec.memory.placements: gpu | offload | draft-gpu | overlap | cpu
     no_host: bool                  # target weights outside pinned host buffers (repacked for the CPU)
-    op_offload: bool               # large batches run CPU-resident target layers on the GPU
+    op_offload: bool               # multi-token batches run CPU-resident target layers on the GPU
     drafter_n_gpu_layers: int
     drafter_use_mmap: bool
     drafter_repack: bool           # the drafter's CPU-resident weights get a repacked copy
@@ -222,11 +224,12 @@ class _Planner:
     def pins_split_target(self, ngl: int) -> bool:
         """Whether a target with ``ngl`` GPU layers and blocks left on the CPU reads them into
         pinned host buffers instead of mapping them: op offload copies every CPU-resident weight
-        to the GPU for a large batch, by DMA from pinned memory and through the driver's staging
-        from mapped pages. H100 host, 7B with 4 GPU layers: a 64-row verification 97 ms pinned,
-        524 ms mapped; one token 88-90 ms either way (benchmarks/RESULTS-gpu.md section 16).
-        Not on unified memory, where there is no copy to speed up."""
-        return self.m.gpu_offload and not self.m.unified_memory and 0 < ngl <= self.t.n_layer
+        to the GPU for a multi-token batch, by DMA from pinned memory instead of through the
+        driver's staging of mapped pages, 5x faster on an H100 (benchmarks/RESULTS-gpu.md
+        section 16). CUDA only (the one backend measured), and not where CUDA is told not to pin
+        (GGML_CUDA_NO_PINNED) or on unified memory (an integrated GPU reads host memory in place)."""
+        cuda = any(g.name.startswith("CUDA") for g in self.m.gpus) and not os.environ.get("GGML_CUDA_NO_PINNED")
+        return self.m.gpu_offload and cuda and not self.m.unified_memory and 0 < ngl <= self.t.n_layer
 
     def _repack(self, fp: ModelFootprint, n_cpu_blocks: int, head: bool) -> int:
         k = (id(fp), n_cpu_blocks, head)

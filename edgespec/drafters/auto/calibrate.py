@@ -19,7 +19,7 @@ from pathlib import Path
 from edgespec.llama import invariant
 from edgespec.llama.backend import LlamaContext, ModelParams
 from edgespec.drafters.auto.policy import CostModel
-from edgespec.memory.placements import op_offload_min_batch
+from edgespec.llama.kernels import op_offload_min_batch
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,9 @@ def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int
     mode = f"ngl{params.n_gpu_layers}-{'mmap' if params.use_mmap else 'load'}-{'repack' if params.repack else 'norepack'}"
     if not invariant.tiled_matmul_requested():  # exact mode's 16-row batches cost 2.1x the default's
         mode += "-notiled"
-    if params.n_gpu_layers != 0:  # which batches copy CPU-resident weights to the GPU
+    # Which batches copy CPU-resident weights to the GPU: every context of a model with GPU
+    # layers runs op offload (placements.target_flags; a drafter's likewise), none without.
+    if params.n_gpu_layers != 0:
         mode += f"-ob{op_offload_min_batch()}"
     attn = {None: "fa-auto", True: "fa", False: "nofa"}[flash_attn]
     return f"{Path(path).name}-{st.st_size}-{st.st_mtime_ns}-t{n_threads}-{mode}-{attn}-{VERSION}{tag}"
