@@ -7,8 +7,8 @@ each mode declares where its parts go and what llama.cpp must be told for that:
   loads them outside its pinned host buffers (``no_host``), so a target verified on the CPU
   asks for that;
 * op offload (batches of at least ``edgespec.llama.kernels.op_offload_min_batch()`` tokens
-  copy CPU-resident weights to the GPU and multiply there) is what makes large drafts cheap for a partly offloaded
-  target, and what a target verified on the CPU must not do.
+  copy CPU-resident weights to the GPU and multiply there) is what makes large drafts cheap
+  for a partly offloaded target, and what a target verified on the CPU must not do.
 
 Measured on an H100 machine with 8 CPU threads (benchmarks/RESULTS-gpu.md sections 1 and 16,
 7B-shaped clone): with its CPU layers pinned in host memory, a split target verifies 2 to 128

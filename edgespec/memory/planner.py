@@ -10,7 +10,6 @@ GPU figures are estimates (see edgespec.memory.footprint).
 from __future__ import annotations
 
 import os
-
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 
