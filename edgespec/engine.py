@@ -411,10 +411,10 @@ def _unplanned_params(config: EngineConfig, path) -> tuple[ModelParams, bool]:
     """The target as asked (``n_gpu_layers``), with the planner's rules for a GPU build
     (placements.unplanned_target); the model parameters and the context's op offload."""
     from edgespec.files.modelfile import model_file
-    from edgespec.llama.backend import gpu_build
+    from edgespec.memory.machine import machine
 
     n_layer = model_file(path).info.n_layers or 0
-    op_offload, use_mmap = placements.unplanned_target(config.n_gpu_layers, n_layer, gpu_build(), config.use_mmap)
+    op_offload, use_mmap = placements.unplanned_target(config.n_gpu_layers, n_layer, machine(), config.use_mmap)
     return ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=use_mmap, use_mlock=config.use_mlock), op_offload
 
 

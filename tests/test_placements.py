@@ -86,11 +86,13 @@ def test_a_split_target_reads_its_cpu_weights_into_pinned_host_buffers(pair, mon
 
 def test_a_target_loaded_as_asked_follows_the_planners_rules():
     # (op_offload, use_mmap) for n_gpu_layers of a 28-block model
-    assert placements.unplanned_target(0, 28, True, True) == (False, True)  # on the CPU: no batch leaves it
-    assert placements.unplanned_target(10, 28, True, True) == (True, False)  # split: pinned
-    assert placements.unplanned_target(99, 28, True, True) == (True, True)  # wholly on the GPU
-    assert placements.unplanned_target(-1, 28, True, True) == (True, True)  # every layer the build can
-    assert placements.unplanned_target(10, 28, False, True)[1]  # a CPU build maps
+    gpu, board = gpu_machine(16 * GiB), gpu_machine(6 * GiB, unified=True)
+    assert placements.unplanned_target(0, 28, gpu, True) == (False, True)  # on the CPU: no batch leaves it
+    assert placements.unplanned_target(10, 28, gpu, True) == (True, False)  # split: pinned
+    assert placements.unplanned_target(99, 28, gpu, True) == (True, True)  # wholly on the GPU
+    assert placements.unplanned_target(-1, 28, gpu, True) == (True, True)  # every layer the build can
+    assert placements.unplanned_target(10, 28, cpu_machine(), True)[1]  # a CPU build maps
+    assert placements.unplanned_target(10, 28, board, True) == (True, True)  # unified memory maps
 
 
 def test_the_op_offload_threshold_is_read_as_llama_cpp_reads_it(monkeypatch):

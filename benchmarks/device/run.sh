@@ -125,35 +125,25 @@ stage_beside() {  # the 7B beside the drafter: 4 layers (today's plan) and 3 (be
     done
 }
 
+# curve_once CONFIG OUT: a curve not measured yet on this machine (GGML_OP_OFFLOAD_MIN_BATCH from
+# the caller's environment, read once per process)
+curve_once() { [[ -f "$2.done" ]] || { run 40 python3 benchmarks/device/measure.py curve "$1" "$W/models" "$2" \
+                                        && touch "$2.done"; }; }
+
 stage_pinned() {  # the offloaded 7B's weights pinned (no mmap), by op offload threshold; mmap beside
-    local c ob M="$W/models" R="$W/results"
-    for c in offload-7b-beside-drafter offload-7b-beside-drafter-pinned; do
-        [[ -f "$R/curve-$c.json.done" ]] || { run 40 python3 benchmarks/device/measure.py curve "$c" "$M" \
-            "$R/curve-$c.json" && touch "$R/curve-$c.json.done"; }
-    done
-    # GGML_OP_OFFLOAD_MIN_BATCH is read once per process: one process per threshold
-    for ob in 1 2 4 8 16; do
-        c=offload-7b-beside-drafter-pinned
-        [[ -f "$R/curve-$c-ob$ob.json.done" ]] || { GGML_OP_OFFLOAD_MIN_BATCH=$ob run 40 python3 \
-            benchmarks/device/measure.py curve "$c" "$M" "$R/curve-$c-ob$ob.json" && touch "$R/curve-$c-ob$ob.json.done"; }
-    done
-    for c in offload-7b-pinned offload-7b; do
-        [[ -f "$R/curve-$c.json.done" ]] || { run 40 python3 benchmarks/device/measure.py curve "$c" "$M" \
-            "$R/curve-$c.json" && touch "$R/curve-$c.json.done"; }
-    done
+    local c ob R="$W/results"
+    for c in offload-7b-beside-drafter offload-7b-beside-drafter-pinned; do curve_once $c "$R/curve-$c.json"; done
+    c=offload-7b-beside-drafter-pinned
+    for ob in 1 2 4 8 16; do GGML_OP_OFFLOAD_MIN_BATCH=$ob curve_once $c "$R/curve-$c-ob$ob.json"; done
+    for c in offload-7b-pinned offload-7b; do curve_once $c "$R/curve-$c.json"; done
 }
 
 stage_pinned2() {  # thresholds 2 and 1 again, alternating (one token is noisy on the CPU); 9 layers at 2
-    local c=offload-7b-beside-drafter-pinned i ob M="$W/models" R="$W/results"
+    local c=offload-7b-beside-drafter-pinned i ob R="$W/results"
     for i in 2 3; do
-        for ob in 2 1; do
-            [[ -f "$R/curve-$c-ob$ob-$i.json.done" ]] || { GGML_OP_OFFLOAD_MIN_BATCH=$ob run 40 python3 \
-                benchmarks/device/measure.py curve "$c" "$M" "$R/curve-$c-ob$ob-$i.json" && touch "$R/curve-$c-ob$ob-$i.json.done"; }
-        done
+        for ob in 2 1; do GGML_OP_OFFLOAD_MIN_BATCH=$ob curve_once $c "$R/curve-$c-ob$ob-$i.json"; done
     done
-    c=offload-7b-pinned
-    [[ -f "$R/curve-$c-ob2.json.done" ]] || { GGML_OP_OFFLOAD_MIN_BATCH=2 run 40 python3 \
-        benchmarks/device/measure.py curve "$c" "$M" "$R/curve-$c-ob2.json" && touch "$R/curve-$c-ob2.json.done"; }
+    GGML_OP_OFFLOAD_MIN_BATCH=2 curve_once offload-7b-pinned "$R/curve-offload-7b-pinned-ob2.json"
 }
 
 stage_offload() {  # only the offload placement, e.g. after a change of its layer count

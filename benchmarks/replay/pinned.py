@@ -69,9 +69,8 @@ def main() -> None:
     curves = json.loads(DEVICE_CURVES.read_text())
     traces = [(name, load_traces(name)[0], n) for name, n in TRACES]
     for layout, (mapped, pinned) in LAYOUTS.items():
-        fastest = min(min(p["ms"] for p in curves[f"curve-{n}.json"]["curve"] if p["n"] == 1)
-                      for n in _layout_samples(curves, mapped))
-        fastest = min(fastest, *(curves[f"curve-{n}.json"]["chain_ms_per_token"] for n in _layout_samples(curves, mapped)))
+        samples = [curves[f"curve-{n}.json"] for n in _layout_samples(curves, mapped)]
+        fastest = min(min(e["chain_ms_per_token"], *(p["ms"] for p in e["curve"] if p["n"] == 1)) for e in samples)
         print(f"\n### {layout}\n\nover plain decoding of the same curve; `floor`: over plain at {fastest:.1f} ms "
               f"a token; pinned: the median of {len(pinned)} curve(s)" + (", [range over them]" if len(pinned) > 1 else "")
               + "\n")
@@ -87,10 +86,10 @@ def main() -> None:
             spec = {c: tokens_per_s(trace, c, p_costs, n) for c in CONFIGS}
             pinned_cell = " / ".join(f"{spec[c] / p_plain:.2f}x" for c in CONFIGS)
             if len(pinned) > 1:
-                each = [costs(curves, (s,)) for s in pinned]
+                each = [(e, tokens_per_s(trace, "plain", e, n)) for e in (costs(curves, (s,)) for s in pinned)]
                 ranges = []
                 for c in CONFIGS:
-                    rs = [tokens_per_s(trace, c, e, n) / tokens_per_s(trace, "plain", e, n) for e in each]
+                    rs = [tokens_per_s(trace, c, e, n) / plain for e, plain in each]
                     ranges.append(f"{min(rs):.2f}-{max(rs):.2f}")
                 pinned_cell += f" [{' / '.join(ranges)}]"
             cells += [pinned_cell, " / ".join(f"{spec[c] / f_plain:.2f}x" for c in CONFIGS)]

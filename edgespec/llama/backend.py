@@ -65,11 +65,6 @@ def default_threads() -> int:
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
-def gpu_build() -> bool:
-    """Whether this llama.cpp build can offload to a GPU."""
-    return bool(lc.llama_supports_gpu_offload())
-
-
 def system_info() -> dict:
     """What the installed llama.cpp build can do (for `edgespec doctor`)."""
     ensure_initialized()

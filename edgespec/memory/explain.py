@@ -139,7 +139,7 @@ def _weights(c: _Context) -> list[Decision]:
 
 def _load(c: _Context) -> Decision:
     e, cfg = c.e, c.e.cfg
-    pinned = c.pl.pins_split_target(e.ngl)
+    pinned = placements.pins_split_target(e.ngl, c.target.n_layer, c.m)
     if e.use_mmap:
         why = "weights are mapped from the file: shared with the page cache, loaded on demand"
         if not cfg.resident:

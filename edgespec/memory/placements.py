@@ -17,6 +17,7 @@ tokens for about what one token costs, while the same target wholly on the CPU p
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from edgespec.errors import InvalidRequest
@@ -117,12 +118,23 @@ def check_available(name: str, m: MachineInfo) -> PlacementMode:
     return p
 
 
-def unplanned_target(n_gpu_layers: int, n_layer: int, gpu_build: bool, use_mmap: bool) -> tuple[bool, bool]:
+def pins_split_target(n_gpu_layers: int, n_layer: int, m: MachineInfo) -> bool:
+    """Whether a target with ``n_gpu_layers`` GPU layers and blocks left on the CPU reads them
+    into pinned host buffers instead of mapping them: op offload copies every CPU-resident
+    weight to the GPU for a multi-token batch, by DMA from pinned memory instead of through the
+    driver's staging of mapped pages, 5x faster on an H100 (benchmarks/RESULTS-gpu.md section
+    16). CUDA only (the one backend measured), and not where CUDA is told not to pin
+    (GGML_CUDA_NO_PINNED) or on unified memory (an integrated GPU reads host memory in place)."""
+    cuda = any(g.name.startswith("CUDA") for g in m.gpus) and not os.environ.get("GGML_CUDA_NO_PINNED")
+    return m.gpu_offload and cuda and not m.unified_memory and 0 < n_gpu_layers <= n_layer
+
+
+def unplanned_target(n_gpu_layers: int, n_layer: int, m: MachineInfo, use_mmap: bool) -> tuple[bool, bool]:
     """(op_offload, use_mmap) for a target loaded as asked (``--n-gpu-layers``, no plan), by the
     planner's rules: a target wholly on the CPU never ships a batch to the GPU, and a split one
-    (a block left on the CPU) of a GPU build reads its CPU weights into pinned host buffers."""
-    split = gpu_build and 0 < n_gpu_layers <= n_layer
-    return target_flags(n_gpu_layers, gpu_build)[1], use_mmap and not split
+    reads its CPU weights into pinned host buffers (pins_split_target)."""
+    return (target_flags(n_gpu_layers, m.gpu_offload)[1],
+            use_mmap and not pins_split_target(n_gpu_layers, n_layer, m))
 
 
 def target_flags(n_gpu_layers: int, gpu_build: bool) -> tuple[bool, bool]:

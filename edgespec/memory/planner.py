@@ -9,7 +9,6 @@ GPU figures are estimates (see edgespec.memory.footprint).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 
@@ -220,16 +219,6 @@ class _Planner:
         for the target alone: the drafter's kernels do not touch the answer)."""
         return cfg.repack if self.force_target_repack is None else self.force_target_repack and cfg.repack
 
-    def pins_split_target(self, ngl: int) -> bool:
-        """Whether a target with ``ngl`` GPU layers and blocks left on the CPU reads them into
-        pinned host buffers instead of mapping them: op offload copies every CPU-resident weight
-        to the GPU for a multi-token batch, by DMA from pinned memory instead of through the
-        driver's staging of mapped pages, 5x faster on an H100 (benchmarks/RESULTS-gpu.md
-        section 16). CUDA only (the one backend measured), and not where CUDA is told not to pin
-        (GGML_CUDA_NO_PINNED) or on unified memory (an integrated GPU reads host memory in place)."""
-        cuda = any(g.name.startswith("CUDA") for g in self.m.gpus) and not os.environ.get("GGML_CUDA_NO_PINNED")
-        return self.m.gpu_offload and cuda and not self.m.unified_memory and 0 < ngl <= self.t.n_layer
-
     def _repack(self, fp: ModelFootprint, n_cpu_blocks: int, head: bool) -> int:
         k = (id(fp), n_cpu_blocks, head)
         if k not in self._repack_memo:
@@ -371,7 +360,7 @@ class _Planner:
         # target keeps (their weights are what op offload streams to the GPU).
         repack = self.target_repack(cfg) and not (self.m.gpu_offload and 0 < ngl)
         tparts, use_mmap, rp_on, rp_bytes, file_bytes = self._model_ram(
-            t, tc, ngl, cfg.resident, repack, "target", pin=self.pins_split_target(ngl))
+            t, tc, ngl, cfg.resident, repack, "target", pin=placements.pins_split_target(ngl, t.n_layer, self.m))
         parts += tparts
         d_mmap = d_repack = False
         if dc is not None:
