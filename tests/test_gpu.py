@@ -156,3 +156,21 @@ def test_planned_vram_matches_what_cuda_allocates(mode, shape):
         pinned = reported_buffers(cap.lines).get("CUDA_Host model", 0)
         weights = next(p.bytes for p in plan.parts if p.component == "target weights")
         assert not plan.use_mmap and abs(weights - pinned) <= 0.10 * pinned, (weights, pinned)
+
+
+@skip_without_gpu
+@pytest.mark.parametrize("use_mmap", [True, False])
+def test_split_target_without_a_plan_is_pinned(use_mmap):
+    """`--n-gpu-layers N` without a budget or placement follows the planner's rule for a split
+    target, whatever mapping was asked: its CPU-resident weights in pinned host buffers
+    (llama.cpp's "CUDA_Host model"), none mapped from the file, op offload on; and it decodes."""
+    from edgespec.llama.probe import capture_llama_log, reported_buffers
+
+    cfg = EngineConfig(model=str(TARGET), n_ctx=1024, n_gpu_layers=14, n_threads=8, use_mmap=use_mmap)
+    assert not cfg.planned
+    with capture_llama_log() as cap, Engine(cfg) as engine:
+        assert engine.ctx.params.op_offload
+        answers = _answers(engine, Decoder(engine.model, engine.seq))
+    buffers = reported_buffers(cap.lines)
+    assert buffers.get("CUDA_Host model", 0) > 0 and "CPU_Mapped model" not in buffers, buffers
+    assert all(len(tokens) == TOKENS for _, tokens, _ in answers)

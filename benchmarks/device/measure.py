@@ -4,6 +4,7 @@
     measure.py curve CONFIG MODELS_DIR OUT.json     one placement's verification cost curve
     measure.py table RESULTS_DIR                    print a short table of every curve
     measure.py third MODEL.gguf                     GPU layers holding ~1/3 of the weights
+    measure.py mixed CONFIG MODELS_DIR OUT.json     batch sizes in the engine's order, against the curve
 
 ``curve`` runs in its own process per placement: a crash (or llama.cpp's once-per-process
 reading of GGML_OP_OFFLOAD_MIN_BATCH) stays with that placement.  Every number comes from
@@ -52,7 +53,7 @@ CLONES = {  # name: (header, shape)
 }
 ALL = 999  # every layer and the output layer on the GPU
 THIRD = "third"  # the last layers holding about a third of the weights
-# placement name: model, GPU layers, no_host, op_offload, batch sizes[, use_mmap]
+# placement name: model, GPU layers, no_host, op_offload, batch sizes[, use_mmap[, CPU threads]]
 CONFIGS = {
     "gpu-7b": ("qwen7b", ALL, False, True, SIZES),
     "gpu-1.5b": ("qwen1.5b", ALL, False, True, SIZES),
@@ -73,6 +74,9 @@ CONFIGS = {
     # copies them to the GPU by DMA instead of through the driver's staging of pageable pages
     "offload-7b-beside-drafter-pinned": ("qwen7b", 4, False, True, SIZES, False),
     "offload-7b-pinned": ("qwen7b", THIRD, False, True, SIZES, False),
+    # wholly on the GPU, the CPU only looks up token embeddings: does a pool of 8 threads cost?
+    "gpu-7b-t1": ("qwen7b", ALL, False, True, SIZES, True, 1),
+    "gpu-0.5b-t1": ("qwen0.5b", ALL, False, True, SIZES, True, 1),
 }
 
 
@@ -170,19 +174,21 @@ def _chain(ctx, rng: np.random.Generator, vocab: int, steps: int = 32) -> float:
 def _params(config: str, path: str):
     from edgespec.llama.backend import ContextParams, ModelParams
 
-    _, layers, no_host, op_offload, sizes, *mmap = CONFIGS[config]
+    _, layers, no_host, op_offload, sizes, *extra = CONFIGS[config]
+    use_mmap, threads = (list(extra) + [True, THREADS][len(extra):])[:2]
     info = {}
     if layers == THIRD:
         layers, gpu_bytes, total = third_of_weights(path)
         info = {"gpu_weight_bytes": gpu_bytes, "weight_bytes": total,
                 "gpu_weight_fraction": gpu_bytes / total}
-    mp = ModelParams(n_gpu_layers=layers, no_host=no_host, use_mmap=mmap[0] if mmap else True)
-    cp = ContextParams(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=THREADS,
-                       n_threads_batch=THREADS, n_outputs_max=512, op_offload=op_offload)
+    mp = ModelParams(n_gpu_layers=layers, no_host=no_host, use_mmap=use_mmap)
+    cp = ContextParams(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=threads,
+                       n_threads_batch=threads, n_outputs_max=512, op_offload=op_offload)
     return mp, cp, sizes, info
 
 
-def measure_curve(config: str, models: str, out: str) -> None:
+def _load(config: str, models: str):
+    """The config's model and context after a 512-token prompt, and what loading them said."""
     from edgespec.llama.backend import LlamaContext, LlamaModel, list_devices
 
     path = os.path.join(models, CONFIGS[config][0] + ".gguf")
@@ -199,16 +205,63 @@ def measure_curve(config: str, models: str, out: str) -> None:
     t0 = time.perf_counter()
     ctx.decode(prompt, range(CONTEXT), [[0]] * CONTEXT, [False] * (CONTEXT - 1) + [True])
     prefill_ms = (time.perf_counter() - t0) * 1e3
-    chain = _chain(ctx, rng, model.n_vocab)
-    log.info("%s: load %.1f s, prefill %.0f ms, chain %.2f ms/token", config, load_s,
-             prefill_ms, chain)
     result = {"config": config, "model": CONFIGS[config][0], "model_params": vars_of(mp),
               "op_offload_min_batch": op_offload_min_batch(),
+              "graph_opt": os.environ.get("GGML_CUDA_GRAPH_OPT", ""),
               "context_params": vars_of(cp), **info, "context": CONTEXT, "load_s": load_s,
-              "prefill_512_ms": prefill_ms, "chain_ms_per_token": chain,
-              "buffers": buffers.sizes, "devices": list_devices(), "curve": []}
+              "prefill_512_ms": prefill_ms, "buffers": buffers.sizes, "devices": list_devices()}
+    return model, ctx, rng, sizes, result
+
+
+def measure_curve(config: str, models: str, out: str) -> None:
+    model, ctx, rng, sizes, result = _load(config, models)
+    result["chain_ms_per_token"] = chain = _chain(ctx, rng, model.n_vocab)
+    log.info("%s: load %.1f s, prefill %.0f ms, chain %.2f ms/token", config, result["load_s"],
+             result["prefill_512_ms"], chain)
+    result["curve"] = []
     _write(out, result)  # a later crash still leaves what was measured
     result["curve"] = _curve(ctx, rng, sizes, model.n_vocab)
+    _write(out, result)
+
+
+def _mixed(ctx, rng: np.random.Generator, vocab: int, sizes, decodes: int = 120) -> dict:
+    """ms per batch size when sizes come in a random order, as a verifier's do (CUDA graphs are
+    kept while a batch's shape repeats): the median per size, then overall."""
+    by_n: dict[int, list[float]] = {}
+    for n in rng.choice(sizes, decodes).tolist():
+        by_n.setdefault(n, []).append(_timed_decode(ctx, rng.integers(0, vocab, n).tolist(), CONTEXT))
+        ctx.seq_rm(0, CONTEXT, -1)
+    return {str(n): statistics.median(t) for n, t in sorted(by_n.items())}
+
+
+def _steps(ctx, rng: np.random.Generator, vocab: int, catch_up: int = 2, chain: int = 4,
+           steps: int = 30) -> list[float]:
+    """A drafter's step: a ``catch_up``-token decode (the target's tokens), then a ``chain`` of
+    single tokens; the median ms of each chain token by its place after the catch-up."""
+    times: list[list[float]] = [[] for _ in range(chain)]
+    for _ in range(steps):
+        pos = CONTEXT
+        _timed_decode(ctx, rng.integers(0, vocab, catch_up).tolist(), pos)
+        pos += catch_up
+        for i in range(chain):
+            times[i].append(_timed_decode(ctx, [int(rng.integers(0, vocab))], pos + i))
+        ctx.seq_rm(0, CONTEXT, -1)
+    return [statistics.median(t[1:]) for t in times]
+
+
+def measure_mixed(config: str, models: str, out: str) -> None:
+    """The same process measures sizes 1-9 one size at a time (as ``curve``), then in a random
+    order, then a drafter's steps (a 2-token catch-up, then a 4-token chain)."""
+    model, ctx, rng, _, result = _load(config, models)
+    sizes = list(range(1, 10))
+    result["chain_ms_per_token"] = _chain(ctx, rng, model.n_vocab)
+    result["curve"] = _curve(ctx, rng, sizes, model.n_vocab)
+    result["mixed_ms"] = _mixed(ctx, rng, model.n_vocab, sizes)
+    result["step_chain_ms"] = _steps(ctx, rng, model.n_vocab)
+    log.info("%s: curve %s; mixed %s; chain after a catch-up %s", config,
+             [round(p["ms"], 2) for p in result["curve"]],
+             {n: round(v, 2) for n, v in result["mixed_ms"].items()},
+             [round(v, 2) for v in result["step_chain_ms"]])
     _write(out, result)
 
 
@@ -245,6 +298,8 @@ def main(argv: list[str]) -> None:
         make_clones(*args)
     elif cmd == "curve":
         measure_curve(*args)
+    elif cmd == "mixed":
+        measure_mixed(*args)
     elif cmd == "table":
         table(*args)
     elif cmd == "third":

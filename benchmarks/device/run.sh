@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap trees gputests offload beside pinned pinned2 numpy diag
+#   overlap trees gputests offload beside pinned pinned2 floor numpy diag
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -127,8 +127,21 @@ stage_beside() {  # the 7B beside the drafter: 4 layers (today's plan) and 3 (be
 
 # curve_once CONFIG OUT: a curve not measured yet on this machine (GGML_OP_OFFLOAD_MIN_BATCH from
 # the caller's environment, read once per process)
-curve_once() { [[ -f "$2.done" ]] || { run 40 python3 benchmarks/device/measure.py curve "$1" "$W/models" "$2" \
-                                        && touch "$2.done"; }; }
+curve_once() { measure_once curve "$@"; }
+measure_once() { [[ -f "$3.done" ]] || { run 40 python3 benchmarks/device/measure.py "$1" "$2" "$W/models" "$3" \
+                                          && touch "$3.done"; }; }
+
+stage_floor() {  # target and drafter wholly on the GPU: concurrent graph branches, one CPU
+    # thread, and sizes in the order a verifier meets them against one size at a time
+    local R="$W/results" c
+    for c in gpu-0.5b gpu-7b; do
+        curve_once $c "$R/curve-$c.json"
+        GGML_CUDA_GRAPH_OPT=1 curve_once $c "$R/curve-$c-graphopt.json"
+        curve_once $c-t1 "$R/curve-$c-t1.json"
+        measure_once mixed $c "$R/mixed-$c.json"
+        GGML_CUDA_GRAPH_OPT=1 measure_once mixed $c "$R/mixed-$c-graphopt.json"
+    done
+}
 
 stage_pinned() {  # the offloaded 7B's weights pinned (no mmap), by op offload threshold; mmap beside
     local c ob R="$W/results"
@@ -212,7 +225,7 @@ def load(pattern):
             d[os.path.basename(p)] = f"unreadable: {e}"
     return d
 for name, pattern in (("curves", "curve-*.json"), ("bench", "bench-*.json"), ("spec", "spec-*.txt"),
-                      ("engine", "engine-*.json"), ("diag", "*tests.txt"), ("numpy", "numpy.txt")):
+                      ("engine", "engine-*.json"), ("mixed", "mixed-*.json"), ("diag", "*tests.txt"), ("numpy", "numpy.txt")):
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump(load(pattern), f, indent=1)
 PY
