@@ -4,7 +4,9 @@
     measure.py curve CONFIG MODELS_DIR OUT.json     one placement's verification cost curve
     measure.py table RESULTS_DIR                    print a short table of every curve
     measure.py third MODEL.gguf                     GPU layers holding ~1/3 of the weights
-    measure.py mixed CONFIG MODELS_DIR OUT.json     batch sizes in the engine's order, against the curve
+    measure.py mixed CONFIG MODELS_DIR OUT.json     batch sizes in random order, against the curve
+    measure.py sequence CONFIG MODELS_DIR SEQ.json OUT.json
+                                                    a replay's target decodes, timed in its order
 
 ``curve`` runs in its own process per placement: a crash (or llama.cpp's once-per-process
 reading of GGML_OP_OFFLOAD_MIN_BATCH) stays with that placement.  Every number comes from
@@ -265,6 +267,32 @@ def measure_mixed(config: str, models: str, out: str) -> None:
     _write(out, result)
 
 
+def measure_sequence(config: str, models: str, sequences: str, out: str) -> None:
+    """Times the target decodes a replay booked (benchmarks/replay/target_sequence.py), each
+    prompt's in its order: n-token batches with every row's logits, one position further each
+    (rolled back to it), after an untimed 16-token batch standing for the prompt's prefill."""
+    model, ctx, rng, _, result = _load(config, models)
+    with open(sequences) as f:
+        seq = json.load(f)
+    result["sequences"] = os.path.basename(sequences)
+    result["measured_s"] = {}
+    for key, prompts in seq["sizes"].items():
+        totals = []
+        for sizes in prompts:
+            _timed_decode(ctx, rng.integers(0, model.n_vocab, 16).tolist(), CONTEXT)
+            ctx.seq_rm(0, CONTEXT, -1)
+            total = 0.0
+            for i, n in enumerate(sizes):
+                total += _timed_decode(ctx, rng.integers(0, model.n_vocab, n).tolist(), CONTEXT + i) * 1e-3
+                ctx.seq_rm(0, CONTEXT + i + 1, -1)
+            ctx.seq_rm(0, CONTEXT, -1)
+            totals.append(total)
+        result["measured_s"][key] = totals
+        log.info("%s %s: measured %.3f s, booked %.3f s, at the curve %.3f s", config, key, sum(totals),
+                 sum(seq["booked_s"][key]), sum(seq["curve_s"][key]))
+    _write(out, result)
+
+
 def vars_of(params) -> dict:
     return {k: getattr(params, k) for k in params.__dataclass_fields__}
 
@@ -300,6 +328,8 @@ def main(argv: list[str]) -> None:
         measure_curve(*args)
     elif cmd == "mixed":
         measure_mixed(*args)
+    elif cmd == "sequence":
+        measure_sequence(*args)
     elif cmd == "table":
         table(*args)
     elif cmd == "third":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap trees gputests offload beside pinned pinned2 floor numpy diag
+#   overlap trees gputests offload beside pinned pinned2 floor graphs numpy diag
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -143,6 +143,30 @@ stage_floor() {  # target and drafter wholly on the GPU: concurrent graph branch
     done
 }
 
+stage_graphs() {  # a replay's target decodes timed in its order, with llama.cpp's CUDA graphs as
+    # they are (one per context) and then with one kept per batch shape (ggml-org/llama.cpp#28652)
+    local R="$W/results" S=benchmarks/device/sequences/gpu-7b-specbench-30.json
+    local F="$SRC/vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
+    [[ -f "$R/sequence-gpu-7b.json" ]] || run 60 python3 benchmarks/device/measure.py sequence gpu-7b \
+        "$W/models" "$S" "$R/sequence-gpu-7b.json"
+    grep -q EDGESPEC_PER_SHAPE "$F" || python3 - "$F" <<'PY' || { fail "per-shape patch"; return 1; }
+import re, sys
+path = sys.argv[1]
+src = open(path).read()
+old = "static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {\n    return cgraph->nodes[0];\n}"
+assert old in src, "ggml_cuda_graph_get_key changed"
+new = ("static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {  // EDGESPEC_PER_SHAPE\n"
+       "    const uintptr_t rows = (uintptr_t) (cgraph->nodes[0]->ne[1] & 0xff) << 48;\n"
+       "    const uintptr_t outs = (uintptr_t) (cgraph->nodes[cgraph->n_nodes - 1]->ne[1] & 0xff) << 56;\n"
+       "    return (const void *) (((uintptr_t) cgraph->nodes[0]) ^ rows ^ outs);\n}")
+open(path, "w").write(src.replace(old, new))
+PY
+    run 200 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 || { tail -20 "$W/rebuild.log"; return 1; }
+    run 60 python3 benchmarks/device/measure.py sequence gpu-7b "$W/models" "$S" "$R/sequence-gpu-7b-per-shape.json"
+    measure_once mixed gpu-7b "$R/mixed-gpu-7b-per-shape.json"
+    measure_once mixed gpu-0.5b "$R/mixed-gpu-0.5b-per-shape.json"
+}
+
 stage_pinned() {  # the offloaded 7B's weights pinned (no mmap), by op offload threshold; mmap beside
     local c ob R="$W/results"
     for c in offload-7b-beside-drafter offload-7b-beside-drafter-pinned; do curve_once $c "$R/curve-$c.json"; done
@@ -225,7 +249,7 @@ def load(pattern):
             d[os.path.basename(p)] = f"unreadable: {e}"
     return d
 for name, pattern in (("curves", "curve-*.json"), ("bench", "bench-*.json"), ("spec", "spec-*.txt"),
-                      ("engine", "engine-*.json"), ("mixed", "mixed-*.json"), ("diag", "*tests.txt"), ("numpy", "numpy.txt")):
+                      ("engine", "engine-*.json"), ("mixed", "mixed-*.json"), ("sequence", "sequence-*.json"), ("diag", "*tests.txt"), ("numpy", "numpy.txt")):
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump(load(pattern), f, indent=1)
 PY

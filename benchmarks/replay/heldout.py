@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--placements", default=",".join(p for p in PLACEMENTS if p != "gpu-1.5b"))
     ap.add_argument("--node-ms", type=float, default=0.59)
     ap.add_argument("--max-tokens", type=int, default=None, help="default: the trace's; Spec-Bench trees are recorded for 128")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="book every GPU decode at its curve's cost, as if it always replayed a CUDA graph")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     trace, seen = load_traces(f"{args.trace},{args.seen}")
@@ -51,7 +53,7 @@ def main() -> None:
     print("| placement | " + " | ".join(f"{c}: all {len(every)} / new {len(new)}" for c in configs) + " |")
     print("|---" * (len(configs) + 1) + "|")
     for name in args.placements.split(","):
-        costs = replace(load_costs(name), node_s=args.node_ms * 1e-3)
+        costs = replace(load_costs(name, graphs=not args.no_graphs), node_s=args.node_ms * 1e-3)
         cells = [f"{speedup(trace, c, costs, every, args.max_tokens):.2f}x / "
                  f"{speedup(trace, c, costs, new, args.max_tokens):.2f}x" for c in configs]
         print(f"| {name} | " + " | ".join(cells) + " |")

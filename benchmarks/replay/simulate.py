@@ -25,6 +25,8 @@ from edgespec.bench.summary import OVERALL, PLAIN, summarize
 
 HERE = Path(__file__).resolve().parent
 DEVICE_CURVES = HERE.parent / "device" / "results" / "curves.json"
+# measure.py mixed on the H100 (2026-11-28): what a decode costs without its CUDA graph
+DEVICE_MIXED = HERE.parent / "device" / "results" / "mixed.json"
 # name: (target curve, drafter curve) in DEVICE_CURVES (H100 machine, 8 CPU threads)
 PLACEMENTS = {
     "gpu-1.5b": ("gpu-1.5b", "gpu-0.5b"),
@@ -59,11 +61,15 @@ PLACEMENTS = {
 }
 
 
-def load_costs(name: str) -> rp.MachineCosts:
-    """A cost model by placement name, ``cpu-dev``, or JSON path."""
+def load_costs(name: str, graphs: bool = True) -> rp.MachineCosts:
+    """A cost model by placement name, ``cpu-dev``, or JSON path. ``graphs``: a GPU decode
+    that cannot replay its context's CUDA graph costs what DEVICE_MIXED measured (False: every
+    decode at its curve's cost, as replays before 2026-11-28 booked them)."""
     if name in PLACEMENTS:
         target, drafter = PLACEMENTS[name]
-        return rp.costs_from_device_curves(json.loads(DEVICE_CURVES.read_text()), target, drafter, name)
+        mixed = json.loads(DEVICE_MIXED.read_text()) if graphs else None
+        return rp.costs_from_device_curves(json.loads(DEVICE_CURVES.read_text()), target, drafter, name,
+                                           mixed=mixed)
     path = HERE / "costs" / f"{name}.json" if not name.endswith(".json") else Path(name)
     return rp.costs_from_json(json.loads(path.read_text()), name)
 

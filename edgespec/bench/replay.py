@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import statistics
 import logging
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -218,6 +219,10 @@ class MachineCosts:
     default: the target curve nearest 512 tokens of context and the drafter's one-token cost.
     ``step_s``: Python-side seconds every step adds beyond its decodes; ``node_s``: Python-side
     seconds per tree node a best-first search expands (its children's log-probabilities).
+    ``graph_miss_s``: (target, drafter) seconds a decode costs beyond its curve when it cannot
+    replay its context's CUDA graph. The curves repeat one batch size, so their decodes replay
+    one; llama.cpp keeps one graph per context and replays it only for a batch shaped like the
+    two decodes before it (the first after a change runs kernel by kernel, the second captures).
     """
 
     name: str
@@ -226,6 +231,7 @@ class MachineCosts:
     policy: CostModel | None = None
     step_s: float = 0.0
     node_s: float = 0.0
+    graph_miss_s: tuple[float, float] = (0.0, 0.0)
 
     def verify(self, n: int, depth: int) -> float:
         depths = [d for d, _ in self.target]
@@ -238,10 +244,14 @@ class MachineCosts:
         return self.drafter.verify(n)
 
     def policy_model(self) -> CostModel:
+        """What `auto`'s calibration would measure here: its timings repeat a size twice and keep
+        the faster, so on a GPU a batch of n > 1 (its first decode and the graph's capture) is
+        priced without the graph, and one token (timed after a warm-up) and a drafted token with it."""
         if self.policy is not None:
             return self.policy
         _, curve = min(self.target, key=lambda dc: abs(dc[0] - 512))
-        return CostModel(curve.batch_sizes, curve.verify_s, self.draft(1) if self.drafter else 0.0)
+        verify_s = tuple(s + (self.graph_miss_s[0] if n > 1 else 0.0) for n, s in zip(curve.batch_sizes, curve.verify_s))
+        return CostModel(curve.batch_sizes, verify_s, self.draft(1) if self.drafter else 0.0)
 
 
 def curve(points: dict[int, float], scale: float = 1.0) -> CostModel:
@@ -262,19 +272,30 @@ class Ledger:
         self.drafter_rows = 0
         self.drafter_decodes = 0
         self.hidden_s = 0.0  # drafter seconds spent while the target verified (overlap)
+        self.graph_misses = [0, 0]  # (target, drafter) decodes that could not replay a CUDA graph
+        self._shapes: list[tuple[int, ...]] = [(), ()]  # each context's last two batch sizes
 
     @property
     def seconds(self) -> float:
         return self.target_s + self.drafter_s - self.hidden_s
 
+    def _graph_miss(self, who: int, n: int) -> float:
+        """Seconds beyond the curve for a batch of ``n`` in context ``who`` (0 target, 1 drafter)."""
+        last = self._shapes[who]
+        self._shapes[who] = (*last[-1:], n)
+        if last == (n, n) or not self.costs.graph_miss_s[who]:
+            return 0.0
+        self.graph_misses[who] += 1
+        return self.costs.graph_miss_s[who]
+
     def target(self, n: int, depth: int) -> None:
-        self.target_s += self.costs.verify(n, depth)
+        self.target_s += self.costs.verify(n, depth) + self._graph_miss(0, n)
         self.target_rows += n
         self.target_decodes += 1
 
     def drafter(self, n: int, expanded: int = 0) -> None:
         """A drafter decode of ``n`` rows; ``expanded``: tree nodes whose children it priced."""
-        self.drafter_s += self.costs.draft(n) + expanded * self.costs.node_s
+        self.drafter_s += self.costs.draft(n) + expanded * self.costs.node_s + self._graph_miss(1, n)
         self.drafter_rows += n
         self.drafter_decodes += 1
 
@@ -305,20 +326,34 @@ def device_curve(entry: dict) -> CostModel:
     return curve(points, 1e-3)
 
 
+def graph_miss(entry: dict) -> float:
+    """Seconds a decode costs beyond its curve without its context's CUDA graph, from one
+    ``measure.py mixed`` entry: the median over batch sizes of the cost in random order over
+    the cost one size at a time, both measured in the same process (its noise is per size)."""
+    warm = {str(p["n"]): p["ms"] for p in entry["curve"]}
+    return statistics.median(ms - warm[n] for n, ms in entry["mixed_ms"].items()) * 1e-3
+
+
 def costs_from_device_curves(curves: dict, target: str, drafter: str | None, name: str = "",
-                             step_s: float = 0.0) -> MachineCosts:
+                             step_s: float = 0.0, mixed: dict | None = None) -> MachineCosts:
     """MachineCosts from benchmarks/device/results/curves.json: ``target`` and ``drafter`` name
     placements in it (e.g. "gpu-7b", "gpu-0.5b"); the target curve was measured after 512
-    tokens of context, so it stands for every depth."""
+    tokens of context, so it stands for every depth. ``mixed`` (results/mixed.json) prices a
+    decode that misses its CUDA graph, for each of the two that has an entry there."""
     def entry(config: str) -> dict:
         found = curves.get(f"curve-{config}.json")
         if found is None:
             raise ValueError(f"no curve {config!r}; have {', '.join(sorted(curves))}")
         return found
 
+    def miss(config: str | None) -> float:
+        found = (mixed or {}).get(f"mixed-{config}.json")
+        return graph_miss(found) if found else 0.0
+
     t = entry(target)
     return MachineCosts(name or f"{target}+{drafter}", ((t.get("context", 512), device_curve(t)),),
-                        device_curve(entry(drafter)) if drafter else None, step_s=step_s)
+                        device_curve(entry(drafter)) if drafter else None, step_s=step_s,
+                        graph_miss_s=(miss(target), miss(drafter)))
 
 
 # -- the oracle target and the chain drafter -----------------------------------------------------
