@@ -28,8 +28,8 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import statistics
 import logging
+import statistics
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
