@@ -270,3 +270,30 @@ def test_replayed_auto_loads_the_drafter_only_where_its_rule_says_it_pays(trace)
     p = trace.prompts[0]
     assert rp.run_replay(p, "auto", steep, SETTINGS)[1].drafter_rows == 0  # never loaded, never synced
     assert rp.run_replay(p, "auto", cheap, SETTINGS)[1].drafter_rows > 0
+
+
+def test_a_decode_replays_its_graph_only_after_two_of_its_shape():
+    """llama.cpp keeps one CUDA graph per context: a batch shaped like the two decodes before it
+    in its context replays it; any other pays the miss (the target's and the drafter's apart)."""
+    costs = dataclasses.replace(UNIT, graph_miss_s=(10.0, 100.0))
+    ledger = rp.Ledger(costs)
+    for n in (1, 1, 1, 2, 1, 1, 1):
+        ledger.target(n, 0)
+    #          miss miss warm miss miss miss warm
+    assert ledger.target_s == 7 + 1 + 10 * 5 and ledger.graph_misses == [5, 0]
+    ledger.drafter(1)  # the drafter's context has its own graph: a miss, whatever the target did
+    assert ledger.drafter_s == 1 + 100 and ledger.graph_misses == [5, 1]
+    free = rp.Ledger(UNIT)  # no miss priced: the curve alone, nothing counted
+    for n in (1, 2, 1):
+        free.target(n, 0)
+    assert free.target_s == 4 and free.graph_misses == [0, 0]
+
+
+def test_graph_miss_is_the_median_extra_of_random_order_over_one_size_at_a_time():
+    entry = {"curve": [{"n": 1, "ms": 1.0}, {"n": 2, "ms": 2.0}, {"n": 3, "ms": 3.0}],
+             "mixed_ms": {"1": 2.0, "2": 2.5, "3": 7.0}}
+    assert rp.graph_miss(entry) == pytest.approx(1e-3)  # extras 1.0, 0.5, 4.0 ms
+    curves = {f"curve-{c}.json": {"curve": entry["curve"], "chain_ms_per_token": 1.0} for c in ("t", "d", "cpu")}
+    costs = rp.costs_from_device_curves(curves, "t", "d", mixed={"mixed-d.json": entry})
+    assert costs.graph_miss_s == (0.0, pytest.approx(1e-3))  # the target has no mixed entry
+    assert rp.costs_from_device_curves(curves, "cpu", "d").graph_miss_s == (0.0, 0.0)

@@ -9,7 +9,8 @@ Plain decoding's step (consecutive one-token decodes, the ``chain`` figure) vari
 between these processes, slower from pinned than from mapped weights on the CPU path, so every
 ratio is also given against plain decoding at the fastest one-token cost measured on the layout
 in these calls, mapped or pinned, any threshold (``floor``: that plain step against the median
-pinned curve's drafting steps), a lower bound.
+pinned curve's drafting steps), a lower bound. A drafter decode that cannot replay its CUDA graph
+costs what ``measure.py mixed`` measured (results/mixed.json), as in simulate.load_costs.
 
     .venv/bin/python benchmarks/replay/pinned.py
 """
@@ -21,7 +22,7 @@ import statistics
 from dataclasses import replace
 
 from heldout import overall
-from simulate import DEVICE_CURVES, load_traces
+from simulate import DEVICE_CURVES, DEVICE_MIXED, load_traces
 
 from edgespec.bench import replay as rp
 
@@ -49,7 +50,8 @@ def costs(curves: dict, names: tuple[str, ...], one_token_ms: float | None = Non
     if one_token_ms is not None:  # plain decoding's step: rp.device_curve takes the chain figure
         points[0], chain = {"n": 1, "ms": one_token_ms}, one_token_ms
     median = {"curve": points, "chain_ms_per_token": chain}
-    built = rp.costs_from_device_curves({"curve-m.json": median, **curves}, "m", "gpu-0.5b", ",".join(names))
+    built = rp.costs_from_device_curves({"curve-m.json": median, **curves}, "m", "gpu-0.5b", ",".join(names),
+                                        mixed=json.loads(DEVICE_MIXED.read_text()))
     return replace(built, node_s=0.59e-3)
 
 

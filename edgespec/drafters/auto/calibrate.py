@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 # each multiple of 16 are measured so the policy sees those steps and drafts to fill a tile.
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64)
 
+# On a GPU the faster of two repeats of a new size is still a decode without the context's CUDA
+# graph (llama.cpp runs the first kernel by kernel and captures on the second), which is what a
+# verification pays when its size differs from the last decode's (RESULTS-gpu.md section 17).
 REPEATS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
