@@ -1,6 +1,6 @@
 """Measurements on the GPU machine, run by run.sh: shape clones, then cost curves per placement.
 
-    measure.py clones HEADERS_DIR MODELS_DIR        make the 7B-, 1.5B- and 0.5B-shaped clones
+    measure.py clones HEADERS_DIR MODELS_DIR [NAMES] make the 7B-, 1.5B- and 0.5B-shaped clones (or NAMES)
     measure.py curve CONFIG MODELS_DIR OUT.json     one placement's verification cost curve
     measure.py table RESULTS_DIR                    print a short table of every curve
     measure.py third MODEL.gguf                     GPU layers holding ~1/3 of the weights
@@ -52,7 +52,11 @@ CLONES = {  # name: (header, shape)
                                                    heads=28, kv_heads=4)),
     "qwen1.5b": ("qwen2.5-coder-1.5b.hdr", CloneShape()),
     "qwen0.5b": ("qwen2.5-coder-0.5b.hdr", CloneShape()),
+    # Qwen2.5-14B and -32B shapes: where a target on the GPU is slow enough for the 0.5B drafter
+    "qwen14b": ("qwen2.5-coder-1.5b.hdr", CloneShape(layers=48, hidden=5120, ffn=13824, heads=40, kv_heads=8)),
+    "qwen32b": ("qwen2.5-coder-1.5b.hdr", CloneShape(layers=64, hidden=5120, ffn=27648, heads=40, kv_heads=8)),
 }
+DEFAULT_CLONES = ("qwen7b", "qwen1.5b", "qwen0.5b")
 ALL = 999  # every layer and the output layer on the GPU
 THIRD = "third"  # the last layers holding about a third of the weights
 # placement name: model, GPU layers, no_host, op_offload, batch sizes[, use_mmap[, CPU threads]]
@@ -60,6 +64,8 @@ CONFIGS = {
     "gpu-7b": ("qwen7b", ALL, False, True, SIZES),
     "gpu-1.5b": ("qwen1.5b", ALL, False, True, SIZES),
     "gpu-0.5b": ("qwen0.5b", ALL, False, True, SIZES),
+    "gpu-14b": ("qwen14b", ALL, False, True, SIZES),
+    "gpu-32b": ("qwen32b", ALL, False, True, SIZES),
     "offload-7b": ("qwen7b", THIRD, False, True, SIZES),
     # verified on the CPU: weights repacked for it (no_host), never copied to the GPU
     "cpu-7b": ("qwen7b", 0, True, False, SIZES),
@@ -82,9 +88,10 @@ CONFIGS = {
 }
 
 
-def make_clones(headers: str, models: str) -> None:
+def make_clones(headers: str, models: str, names: str = ",".join(DEFAULT_CLONES)) -> None:
     os.makedirs(models, exist_ok=True)
-    for name, (header, shape) in CLONES.items():
+    for name in names.split(","):
+        header, shape = CLONES[name]
         out = os.path.join(models, name + ".gguf")
         if os.path.exists(out):
             continue

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap trees gputests offload beside pinned pinned2 floor graphs numpy diag
+#   overlap trees gputests offload beside pinned pinned2 floor graphs big numpy diag
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -140,6 +140,15 @@ stage_floor() {  # target and drafter wholly on the GPU: concurrent graph branch
         curve_once $c-t1 "$R/curve-$c-t1.json"
         measure_once mixed $c "$R/mixed-$c.json"
         GGML_CUDA_GRAPH_OPT=1 measure_once mixed $c "$R/mixed-$c-graphopt.json"
+    done
+}
+
+stage_big() {  # targets wholly on the GPU slow enough for the 0.5B drafter: 14B- and 32B-shaped
+    local R="$W/results" m
+    for m in 14b 32b; do
+        run 60 python3 benchmarks/device/measure.py clones .device/headers "$W/models" qwen$m || continue
+        curve_once gpu-$m "$R/curve-gpu-$m.json"
+        measure_once mixed gpu-$m "$R/mixed-gpu-$m.json"
     done
 }
 
