@@ -31,6 +31,10 @@ DEVICE_MIXED = HERE.parent / "device" / "results" / "mixed.json"
 PLACEMENTS = {
     "gpu-1.5b": ("gpu-1.5b", "gpu-0.5b"),
     "gpu-7b": ("gpu-7b", "gpu-0.5b"),
+    # Qwen2.5-14B and -32B shapes (2026-11-28, one H100 machine): where the 0.5B drafter's token
+    # is a fifth and a tenth of a target step
+    "gpu-14b": ("gpu-14b", "gpu-0.5b"),
+    "gpu-32b": ("gpu-32b", "gpu-0.5b"),
     "offload-7b": ("offload-7b", "gpu-0.5b"),  # 9 GPU layers (a third of the weights), op offload
     "offload-7b-ngl11": ("offload-7b-ngl11", "gpu-0.5b"),
     # 4 layers: what the planner leaves the 7B when the drafter shares the third (engine_modes.py)
