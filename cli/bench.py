@@ -62,7 +62,7 @@ def bench(
     split: str = typer.Option("tune", "--split",
                               help="tune: the --limit prompts tuning used | validate: those halfway "
                                    "between them | test: those a quarter of the way | test2: three quarters "
-                                   "| test3: an eighth (all disjoint)."),
+                                   "| test3: an eighth | test4: three eighths (all disjoint)."),
     configs: str = typer.Option("plain,suffix", "--configs",
                                 help="Comma list: plain, none, suffix, model, model-tree, hybrid, auto, onnx, peer:...; "
                                      "X+recheck: X re-checking near-ties at --recheck-gap."),

@@ -63,9 +63,9 @@ def test_validate_split_is_disjoint_from_the_tuning_picks():
 def test_test_splits_are_disjoint_from_the_others():
     specbench = load_suite("specbench")
     picks = [{p.id for p in select(specbench, 5, split)} for split in SPLITS]
-    assert SPLITS == ("tune", "validate", "test", "test2", "test3")
-    assert [len(p) for p in picks] == [30] * 5
-    assert len(set().union(*picks)) == 150
+    assert SPLITS == ("tune", "validate", "test", "test2", "test3", "test4")
+    assert [len(p) for p in picks] == [30] * 6
+    assert len(set().union(*picks)) == 180
     with pytest.raises(InvalidRequest, match="--split test2 needs --limit <= 3"):
         select(load_suite("code-edit"), 4, "test2")
     with pytest.raises(InvalidRequest, match="--split test needs --limit <= 3"):

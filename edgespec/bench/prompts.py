@@ -28,8 +28,8 @@ SUITES = {
 # used); `validate` the prompts halfway between them, a disjoint set to report on; `test` those
 # a quarter of the way, disjoint from both, for a policy settled after `validate` was seen;
 # `test2` those three quarters of the way, for a policy settled after `test` was seen.
-SPLITS = ("tune", "validate", "test", "test2", "test3")
-_SHIFT = {"tune": (0, 1), "validate": (1, 2), "test": (1, 4), "test2": (3, 4), "test3": (1, 8)}  # split -> fraction of the spacing
+SPLITS = ("tune", "validate", "test", "test2", "test3", "test4")
+_SHIFT = {"tune": (0, 1), "validate": (1, 2), "test": (1, 4), "test2": (3, 4), "test3": (1, 8), "test4": (3, 8)}  # split -> fraction of the spacing
 # Spec-Bench reports the eight MT-bench sub-categories together as one category.
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 SPECBENCH_CATEGORY = "multi_turn"
@@ -99,8 +99,9 @@ def load_suite(name: str) -> list[BenchPrompt]:
 def select(prompts: list[BenchPrompt], limit: int | None, split: str = "tune") -> list[BenchPrompt]:
     """Up to ``limit`` prompts per category, evenly spaced through the file (deterministic);
     with ``split="validate"`` the prompts halfway between those, with ``split="test"`` those a
-    quarter of the way, with ``split="test2"`` three quarters, with ``split="test3"`` an eighth
-    (the five disjoint while a category has at least 8 prompts per pick).
+    quarter of the way, with ``split="test2"`` three quarters, with ``split="test3"`` an eighth,
+    with ``split="test4"`` three eighths (the six disjoint while a category has at least 8 prompts
+    per pick).
 
     Even spacing rather than the first k keeps Spec-Bench's multi-turn category spread over
     its eight sub-categories, which sit in blocks in the file.
