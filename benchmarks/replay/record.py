@@ -38,7 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", required=True)
     ap.add_argument("--limit", type=int, default=None, help="prompts per category (bench --limit)")
-    ap.add_argument("--split", default="tune", help="tune | validate | test | test2 (bench --split)")
+    ap.add_argument("--split", default="tune", help="one of edgespec.bench.prompts.SPLITS (bench --split)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--draft-max", type=int, default=CHAINS.draft_max)
     ap.add_argument("--threads", type=int, default=None)
