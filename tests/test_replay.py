@@ -277,12 +277,14 @@ def test_a_decode_replays_its_graph_only_after_two_of_its_shape():
     in its context replays it; any other pays the miss (the target's and the drafter's apart)."""
     costs = dataclasses.replace(UNIT, graph_miss_s=(10.0, 100.0))
     ledger = rp.Ledger(costs)
-    for n in (1, 1, 1, 2, 1, 1, 1):
+    sizes = (1, 1, 1, 2, 1, 1, 1)  # miss miss warm miss miss miss warm
+    for n in sizes:
         ledger.target(n, 0)
-    #          miss miss warm miss miss miss warm
-    assert ledger.target_s == 7 + 1 + 10 * 5 and ledger.graph_misses == [5, 0]
-    ledger.drafter(1)  # the drafter's context has its own graph: a miss, whatever the target did
-    assert ledger.drafter_s == 1 + 100 and ledger.graph_misses == [5, 1]
+    assert ledger.target_s == sum(sizes) + 10 * 5 and ledger.graph_misses == [5, 0]
+    # the drafter's context has its own graph: a catch-up, then a chain of single tokens
+    for n in (2, 1, 1, 1):  # miss miss miss warm, whatever the target did
+        ledger.drafter(n)
+    assert ledger.drafter_s == 2 + 1 + 1 + 1 + 100 * 3 and ledger.graph_misses == [5, 3]
     free = rp.Ledger(UNIT)  # no miss priced: the curve alone, nothing counted
     for n in (1, 2, 1):
         free.target(n, 0)
@@ -297,3 +299,16 @@ def test_graph_miss_is_the_median_extra_of_random_order_over_one_size_at_a_time(
     costs = rp.costs_from_device_curves(curves, "t", "d", mixed={"mixed-d.json": entry})
     assert costs.graph_miss_s == (0.0, pytest.approx(1e-3))  # the target has no mixed entry
     assert rp.costs_from_device_curves(curves, "cpu", "d").graph_miss_s == (0.0, 0.0)
+
+
+def test_the_policy_sees_what_calibration_measures_on_a_gpu():
+    """auto's calibration times each new size twice and keeps the faster: on a GPU both run
+    without the context's graph, so batches of 2+ are priced with the miss; one token (after a
+    warm-up) and a drafted token are timed with it."""
+    costs = rp.MachineCosts("g", ((512, rp.curve({1: 1.0, 2: 2.0, 8: 3.0})),), drafter=rp.curve({1: 0.5}),
+                            graph_miss_s=(0.25, 7.0))
+    policy = costs.policy_model()
+    assert (policy.verify(1), policy.verify(2), policy.verify(8)) == (1.0, 2.25, 3.25)
+    assert policy.draft_token_s == 0.5
+    free = dataclasses.replace(costs, graph_miss_s=(0.0, 0.0)).policy_model()
+    assert (free.verify(1), free.verify(2)) == (1.0, 2.0)

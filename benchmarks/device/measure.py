@@ -82,7 +82,8 @@ CONFIGS = {
     # copies them to the GPU by DMA instead of through the driver's staging of pageable pages
     "offload-7b-beside-drafter-pinned": ("qwen7b", 4, False, True, SIZES, False),
     "offload-7b-pinned": ("qwen7b", THIRD, False, True, SIZES, False),
-    # wholly on the GPU, the CPU only looks up token embeddings: does a pool of 8 threads cost?
+    # wholly on the GPU with one CPU thread (it only looks up token embeddings): within the
+    # process-to-process noise of 8 threads on the H100 (RESULTS-gpu.md section 17)
     "gpu-7b-t1": ("qwen7b", ALL, False, True, SIZES, True, 1),
     "gpu-0.5b-t1": ("qwen0.5b", ALL, False, True, SIZES, True, 1),
 }
@@ -184,7 +185,8 @@ def _params(config: str, path: str):
     from edgespec.llama.backend import ContextParams, ModelParams
 
     _, layers, no_host, op_offload, sizes, *extra = CONFIGS[config]
-    use_mmap, threads = (list(extra) + [True, THREADS][len(extra):])[:2]
+    use_mmap = extra[0] if len(extra) > 0 else True
+    threads = extra[1] if len(extra) > 1 else THREADS
     info = {}
     if layers == THIRD:
         layers, gpu_bytes, total = third_of_weights(path)

@@ -134,8 +134,8 @@ measure_once() { [[ -f "$3.done" ]] || { run 40 python3 benchmarks/device/measur
 stage_floor() {  # target and drafter wholly on the GPU: concurrent graph branches, one CPU
     # thread, and sizes in the order a verifier meets them against one size at a time
     local R="$W/results" c
-    for c in gpu-0.5b gpu-7b; do
-        curve_once $c "$R/curve-$c.json"
+    for c in gpu-0.5b gpu-7b; do  # -floor: section 1's curves keep their names
+        curve_once $c "$R/curve-$c-floor.json"
         GGML_CUDA_GRAPH_OPT=1 curve_once $c "$R/curve-$c-graphopt.json"
         curve_once $c-t1 "$R/curve-$c-t1.json"
         measure_once mixed $c "$R/mixed-$c.json"
@@ -158,6 +158,8 @@ stage_graphs() {  # a replay's target decodes timed in its order, with llama.cpp
     local F="$SRC/vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
     [[ -f "$R/sequence-gpu-7b.json" ]] || run 60 python3 benchmarks/device/measure.py sequence gpu-7b \
         "$W/models" "$S" "$R/sequence-gpu-7b.json"
+    # the stock source is put back and rebuilt at the end: later stages measure stock llama.cpp
+    [[ -f "$F.stock" ]] || cp "$F" "$F.stock"
     grep -q EDGESPEC_PER_SHAPE "$F" || python3 - "$F" <<'PY' || { fail "per-shape patch"; return 1; }
 import re, sys
 path = sys.argv[1]
@@ -174,6 +176,8 @@ PY
     run 60 python3 benchmarks/device/measure.py sequence gpu-7b "$W/models" "$S" "$R/sequence-gpu-7b-per-shape.json"
     measure_once mixed gpu-7b "$R/mixed-gpu-7b-per-shape.json"
     measure_once mixed gpu-0.5b "$R/mixed-gpu-0.5b-per-shape.json"
+    cp "$F.stock" "$F" && run 200 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 \
+        || fail "stock llama.cpp not rebuilt: later stages run the per-shape patch"
 }
 
 stage_pinned() {  # the offloaded 7B's weights pinned (no mmap), by op offload threshold; mmap beside

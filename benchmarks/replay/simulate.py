@@ -68,10 +68,13 @@ PLACEMENTS = {
 def load_costs(name: str, graphs: bool = True) -> rp.MachineCosts:
     """A cost model by placement name, ``cpu-dev``, or JSON path. ``graphs``: a GPU decode
     that cannot replay its context's CUDA graph costs what DEVICE_MIXED measured (False: every
-    decode at its curve's cost, as replays before 2026-11-28 booked them)."""
+    decode at its curve's cost)."""
     if name in PLACEMENTS:
         target, drafter = PLACEMENTS[name]
         mixed = json.loads(DEVICE_MIXED.read_text()) if graphs else None
+        if mixed is not None and target.startswith("gpu-") and f"mixed-{target}.json" not in mixed:
+            logging.getLogger("simulate").warning("%s: no graph misses measured for %s; its decodes "
+                                                  "are booked at the curve", name, target)
         return rp.costs_from_device_curves(json.loads(DEVICE_CURVES.read_text()), target, drafter, name,
                                            mixed=mixed)
     path = HERE / "costs" / f"{name}.json" if not name.endswith(".json") else Path(name)

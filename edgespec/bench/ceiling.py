@@ -15,7 +15,9 @@ No policy over the same drafts (auto's, TreeSizes', a confidence rule) can beat 
 above it is out of reach for these drafters on that machine, whatever the policy. It is
 optimistic on purpose: drafting is priced as decodes alone (one per chain token, the recorded
 search rounds for a tree, nothing for the suffix index), with no sync of the drafter's cache;
-drafting beside verification (overlap) is not modelled, so ``model-overlap`` may pass it.
+drafting beside verification (overlap) is not modelled, so ``model-overlap`` may pass it; and
+every decode is priced at its curve, without the CUDA graph misses a replay books
+(``MachineCosts.graph_miss_s``), so on a GPU it stands above replays that price them.
 """
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ SUITES = {
 # --split: `tune` takes --limit evenly spaced prompts per category (the ones every tuning run
 # used); `validate` the prompts halfway between them, a disjoint set to report on; `test` those
 # a quarter of the way, disjoint from both, for a policy settled after `validate` was seen;
-# `test2` those three quarters of the way, for a policy settled after `test` was seen.
+# `test2` those three quarters of the way, for a policy settled after `test` was seen; `test3`
+# an eighth and `test4` three eighths of the way, each recorded before a new policy saw it.
 SPLITS = ("tune", "validate", "test", "test2", "test3", "test4")
 _SHIFT = {"tune": (0, 1), "validate": (1, 2), "test": (1, 4), "test2": (3, 4), "test3": (1, 8), "test4": (3, 8)}  # split -> fraction of the spacing
 # Spec-Bench reports the eight MT-bench sub-categories together as one category.

@@ -222,7 +222,9 @@ class MachineCosts:
     ``graph_miss_s``: (target, drafter) seconds a decode costs beyond its curve when it cannot
     replay its context's CUDA graph. The curves repeat one batch size, so their decodes replay
     one; llama.cpp keeps one graph per context and replays it only for a batch shaped like the
-    two decodes before it (the first after a change runs kernel by kernel, the second captures).
+    two decodes before it (the first after a change runs kernel by kernel, the second captures,
+    priced alike though a 7B's capture measured 0.36 ms dearer). Each replayed request starts
+    with no graph in either context, though the bench shares one drafter between requests.
     """
 
     name: str
