@@ -8,19 +8,20 @@ beside): one pair in each of three calls, four in a fourth, three in a fifth on 
 (samples 9-11); a table per pair, and one on each layout's median curve (per batch size, the
 median of the ten).
 
-    .venv/bin/python benchmarks/replay/default_shape.py
+    .venv/bin/python benchmarks/replay/default_shape.py [--no-graphs]
 """
 from __future__ import annotations
 
 import json
 import logging
 import statistics
+import sys
 from dataclasses import replace
 
 from edgespec.bench import replay as rp
 
 from heldout import overall
-from simulate import DEVICE_CURVES, load_costs, load_traces
+from simulate import DEVICE_CURVES, DEVICE_MIXED, load_costs, load_traces
 
 # (4 GPU layers, 3 GPU layers) beside the drafter, each pair measured in one call
 SAMPLES = (("offload-7b-beside-drafter-2", "offload-7b-beside-tree-drafter"),
@@ -30,18 +31,21 @@ TRACES = (("code-edit", 256), ("code-edit-validation-16", 256), ("specbench-30",
 
 
 MEDIAN = "median"
+GRAPHS = "--no-graphs" not in sys.argv  # price CUDA graph misses (simulate.load_costs)
 
 
 def costs_of(name: str | tuple[str, ...]) -> rp.MachineCosts:
     """A placement's costs, or the median of several curves of one layout (a tuple of names)."""
     if isinstance(name, str):
-        return load_costs(name)
+        return load_costs(name, graphs=GRAPHS)
     curves = json.loads(DEVICE_CURVES.read_text())
     entries = [curves[f"curve-{n}.json"] for n in name]
     median = {"curve": [{"n": n, "ms": statistics.median(p["ms"] for e in entries for p in e["curve"] if p["n"] == n)}
                         for n in sorted({p["n"] for p in entries[0]["curve"]})],
               **{k: statistics.median(e[k] for e in entries) for k in ("chain_ms_per_token", "prefill_512_ms")}}
-    return rp.costs_from_device_curves({"curve-median.json": median, **curves}, MEDIAN, "gpu-0.5b", MEDIAN)
+    mixed = json.loads(DEVICE_MIXED.read_text()) if GRAPHS else None
+    return rp.costs_from_device_curves({"curve-median.json": median, **curves}, MEDIAN, "gpu-0.5b", MEDIAN,
+                                       mixed=mixed)
 
 
 def tokens_per_s(trace, config: str, costs, max_tokens: int) -> float:

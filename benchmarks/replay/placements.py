@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--node-ms", type=float, default=None,
                     help="Python-side milliseconds per tree node expanded (simulate.py's --node-ms)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="book every GPU decode at its curve's cost (as replays before CUDA graph misses were priced)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     settings = rp.ReplaySettings(max_tokens=args.max_tokens, draft_max=args.draft_max)
@@ -48,7 +50,7 @@ def main() -> None:
     for label, trace in zip(args.traces.split(","), load_traces(args.traces)):
         label = Path(label).name.removesuffix(".json.gz")
         for name in args.placements.split(","):
-            costs = load_costs(name)
+            costs = load_costs(name, graphs=not args.no_graphs)
             if args.node_ms is not None:
                 costs = replace(costs, node_s=args.node_ms * 1e-3)
             records = rp.replay(trace, replayed, costs, settings)

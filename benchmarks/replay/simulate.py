@@ -109,9 +109,11 @@ def main() -> None:
     ap.add_argument("--ceiling", default=None, metavar="SOURCES",
                     help=f"add the oracle policy's row over these recorded drafts (of {','.join(SOURCES)})")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="book every GPU decode at its curve's cost (as replays before CUDA graph misses were priced)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    costs = load_costs(args.costs)
+    costs = load_costs(args.costs, graphs=not args.no_graphs)
     if args.step_ms is not None:
         costs = replace(costs, step_s=args.step_ms * 1e-3)
     if args.node_ms is not None:
