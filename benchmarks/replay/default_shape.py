@@ -12,16 +12,14 @@ median of the ten).
 """
 from __future__ import annotations
 
-import json
+import argparse
 import logging
-import statistics
-import sys
 from dataclasses import replace
 
 from edgespec.bench import replay as rp
 
 from heldout import overall
-from simulate import DEVICE_CURVES, DEVICE_MIXED, load_costs, load_traces
+from simulate import add_graphs_flag, load_costs, load_traces, median_costs
 
 # (4 GPU layers, 3 GPU layers) beside the drafter, each pair measured in one call
 SAMPLES = (("offload-7b-beside-drafter-2", "offload-7b-beside-tree-drafter"),
@@ -30,29 +28,22 @@ TRACES = (("code-edit", 256), ("code-edit-validation-16", 256), ("specbench-30",
           ("code-edit-test-16", 256), ("specbench-30-test", 128), ("specbench-30-test2", 128))
 
 
-MEDIAN = "median"
-GRAPHS = "--no-graphs" not in sys.argv  # price CUDA graph misses (simulate.load_costs)
 
 
-def costs_of(name: str | tuple[str, ...]) -> rp.MachineCosts:
+def costs_of(name: str | tuple[str, ...], graphs: bool) -> rp.MachineCosts:
     """A placement's costs, or the median of several curves of one layout (a tuple of names)."""
-    if isinstance(name, str):
-        return load_costs(name, graphs=GRAPHS)
-    curves = json.loads(DEVICE_CURVES.read_text())
-    entries = [curves[f"curve-{n}.json"] for n in name]
-    median = {"curve": [{"n": n, "ms": statistics.median(p["ms"] for e in entries for p in e["curve"] if p["n"] == n)}
-                        for n in sorted({p["n"] for p in entries[0]["curve"]})],
-              **{k: statistics.median(e[k] for e in entries) for k in ("chain_ms_per_token", "prefill_512_ms")}}
-    mixed = json.loads(DEVICE_MIXED.read_text()) if GRAPHS else None
-    return rp.costs_from_device_curves({"curve-median.json": median, **curves}, MEDIAN, "gpu-0.5b", MEDIAN,
-                                       mixed=mixed)
+    return load_costs(name, graphs=graphs) if isinstance(name, str) else median_costs(name, graphs)
 
 
-def tokens_per_s(trace, config: str, costs, max_tokens: int) -> float:
-    return overall(trace, config, replace(costs_of(costs), node_s=0.59e-3), max_tokens=max_tokens)["tokens_per_s"]
+def tokens_per_s(trace, config: str, costs, max_tokens: int, graphs: bool) -> float:
+    costs = replace(costs_of(costs, graphs), node_s=0.59e-3)
+    return overall(trace, config, costs, max_tokens=max_tokens)["tokens_per_s"]
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_graphs_flag(ap)
+    graphs = not ap.parse_args().no_graphs
     logging.basicConfig(level=logging.ERROR)
     traces = [(name, load_traces(name)[0], n) for name, n in TRACES]
     for four, three in SAMPLES + (tuple(zip(*SAMPLES)),):
@@ -61,8 +52,8 @@ def main() -> None:
               "| `auto` trees, 4 layers (default) |")
         print("|---|---|---|---|---|")
         for name, trace, n in traces:
-            plain = tokens_per_s(trace, "plain", four, n)
-            ratios = [tokens_per_s(trace, config, costs, n) / plain
+            plain = tokens_per_s(trace, "plain", four, n, graphs)
+            ratios = [tokens_per_s(trace, config, costs, n, graphs) / plain
                       for config, costs in (("auto", four), ("auto-tree", three), ("auto-tree", four))]
             print(f"| {name} ({n}) | {plain:.2f} | "
                   + " | ".join(f"{r:.2f}x" for r in ratios) + " |")

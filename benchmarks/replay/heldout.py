@@ -13,7 +13,7 @@ import logging
 from dataclasses import replace
 
 from placements import PLACEMENTS
-from simulate import load_costs, load_traces
+from simulate import add_graphs_flag, load_costs, load_traces
 
 from edgespec.bench import replay as rp
 from edgespec.bench.replay import TREE
@@ -42,8 +42,7 @@ def main() -> None:
     ap.add_argument("--placements", default=",".join(p for p in PLACEMENTS if p != "gpu-1.5b"))
     ap.add_argument("--node-ms", type=float, default=0.59)
     ap.add_argument("--max-tokens", type=int, default=None, help="default: the trace's; Spec-Bench trees are recorded for 128")
-    ap.add_argument("--no-graphs", action="store_true",
-                    help="book every GPU decode at its curve's cost, as if it always replayed a CUDA graph")
+    add_graphs_flag(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     trace, seen = load_traces(f"{args.trace},{args.seen}")

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 from dataclasses import replace
 
 from heldout import overall
-from simulate import DEVICE_CURVES, DEVICE_MIXED, load_traces
+from simulate import DEVICE_CURVES, load_traces, median_costs
 
 from edgespec.bench import replay as rp
 
@@ -43,16 +42,7 @@ CONFIGS = ("auto", "auto-tree")  # chains of 32; the default (trees of up to 63 
 
 def costs(curves: dict, names: tuple[str, ...], one_token_ms: float | None = None) -> rp.MachineCosts:
     """The median curve of ``names`` (per batch size), its one-token cost optionally replaced."""
-    entries = [curves[f"curve-{n}.json"] for n in names]
-    points = [{"n": n, "ms": statistics.median(p["ms"] for e in entries for p in e["curve"] if p["n"] == n)}
-              for n in sorted({p["n"] for p in entries[0]["curve"]})]
-    chain = statistics.median(e["chain_ms_per_token"] for e in entries)
-    if one_token_ms is not None:  # plain decoding's step: rp.device_curve takes the chain figure
-        points[0], chain = {"n": 1, "ms": one_token_ms}, one_token_ms
-    median = {"curve": points, "chain_ms_per_token": chain}
-    built = rp.costs_from_device_curves({"curve-m.json": median, **curves}, "m", "gpu-0.5b", ",".join(names),
-                                        mixed=json.loads(DEVICE_MIXED.read_text()))
-    return replace(built, node_s=0.59e-3)
+    return replace(median_costs(names, one_token_ms=one_token_ms, curves=curves), node_s=0.59e-3)
 
 
 def _layout_samples(curves: dict, mapped: str) -> list[str]:

@@ -17,7 +17,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from simulate import load_costs, load_traces
+from simulate import add_graphs_flag, load_costs, load_traces
 
 from edgespec.bench import replay as rp
 from edgespec.bench.ceiling import CEILING, ceiling_record
@@ -37,8 +37,7 @@ def main() -> None:
     ap.add_argument("--node-ms", type=float, default=None,
                     help="Python-side milliseconds per tree node expanded (simulate.py's --node-ms)")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--no-graphs", action="store_true",
-                    help="book every GPU decode at its curve's cost (as replays before CUDA graph misses were priced)")
+    add_graphs_flag(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     settings = rp.ReplaySettings(max_tokens=args.max_tokens, draft_max=args.draft_max)

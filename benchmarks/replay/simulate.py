@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -81,6 +83,30 @@ def load_costs(name: str, graphs: bool = True) -> rp.MachineCosts:
     return rp.costs_from_json(json.loads(path.read_text()), name)
 
 
+def median_costs(names: Sequence[str], graphs: bool = True, one_token_ms: float | None = None,
+                 curves: dict | None = None) -> rp.MachineCosts:
+    """Costs of the per-batch-size median of several curves of one layout (names in
+    DEVICE_CURVES, drafter "gpu-0.5b"), named after them; ``one_token_ms`` replaces its one-token
+    cost (plain decoding's step: rp.device_curve takes the chain figure); ``graphs`` as in load_costs."""
+    curves = curves if curves is not None else json.loads(DEVICE_CURVES.read_text())
+    entries = [curves[f"curve-{n}.json"] for n in names]
+    points = [{"n": n, "ms": statistics.median(p["ms"] for e in entries for p in e["curve"] if p["n"] == n)}
+              for n in sorted({p["n"] for p in entries[0]["curve"]})]
+    median = {"curve": points,
+              **{k: statistics.median(e[k] for e in entries) for k in ("chain_ms_per_token", "prefill_512_ms")}}
+    if one_token_ms is not None:
+        points[0], median["chain_ms_per_token"] = {"n": 1, "ms": one_token_ms}, one_token_ms
+    mixed = json.loads(DEVICE_MIXED.read_text()) if graphs else None
+    return rp.costs_from_device_curves({"curve-median.json": median, **curves}, "median", "gpu-0.5b",
+                                       ",".join(names), mixed=mixed)
+
+
+def add_graphs_flag(ap: argparse.ArgumentParser) -> None:
+    """``--no-graphs``: load_costs(graphs=False) for every placement."""
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="book every GPU decode at its curve's cost, as if it always replayed a CUDA graph")
+
+
 def load_traces(names: str) -> list[rp.Trace]:
     return [rp.load_trace(n if n.endswith(".gz") else HERE / "traces" / f"{n}.json.gz") for n in names.split(",")]
 
@@ -109,8 +135,7 @@ def main() -> None:
     ap.add_argument("--ceiling", default=None, metavar="SOURCES",
                     help=f"add the oracle policy's row over these recorded drafts (of {','.join(SOURCES)})")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--no-graphs", action="store_true",
-                    help="book every GPU decode at its curve's cost (as replays before CUDA graph misses were priced)")
+    add_graphs_flag(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     costs = load_costs(args.costs, graphs=not args.no_graphs)
