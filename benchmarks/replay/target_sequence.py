@@ -35,18 +35,14 @@ class _Recorder(rp.Ledger):
 
 def sequences(trace, config: str, costs, max_tokens: int) -> dict[str, list[list[tuple[int, float, float]]]]:
     """{"plain": per prompt [(n, booked seconds, curve seconds)], config: ...} replayed on ``costs``."""
-    made: list[_Recorder] = []
+    settings = rp.ReplaySettings(max_tokens=max_tokens, draft_max=63 if config.endswith(rp.TREE) else 32)
+    made: list[_Recorder] = []  # one per run, in the replay's order: plain, config, plain, ...
 
-    def ledger(c):
+    def new_ledger(c) -> _Recorder:
         made.append(_Recorder(c))
         return made[-1]
 
-    settings = rp.ReplaySettings(max_tokens=max_tokens, draft_max=63 if config.endswith(rp.TREE) else 32)
-    original, rp.Ledger = rp.Ledger, ledger
-    try:
-        rp.replay(trace, ["plain", config], costs, settings)
-    finally:
-        rp.Ledger = original
+    rp.replay(trace, ["plain", config], costs, settings, new_ledger=new_ledger)
     return {"plain": [r.decodes for r in made[0::2]], config: [r.decodes for r in made[1::2]]}
 
 

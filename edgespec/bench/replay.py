@@ -31,7 +31,7 @@ import json
 import logging
 import statistics
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,7 +252,8 @@ class MachineCosts:
         if self.policy is not None:
             return self.policy
         _, curve = min(self.target, key=lambda dc: abs(dc[0] - 512))
-        verify_s = tuple(s + (self.graph_miss_s[0] if n > 1 else 0.0) for n, s in zip(curve.batch_sizes, curve.verify_s))
+        miss = self.graph_miss_s[0]
+        verify_s = tuple(s + (miss if n > 1 else 0.0) for n, s in zip(curve.batch_sizes, curve.verify_s))
         return CostModel(curve.batch_sizes, verify_s, self.draft(1) if self.drafter else 0.0)
 
 
@@ -602,14 +603,15 @@ def auto_loads(costs: MachineCosts, settings: ReplaySettings, memory=None, name:
 
 
 def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
-               cache: list[int] | None = None, sizes=None, memory=None) -> tuple[DoneEvent, Ledger]:
+               cache: list[int] | None = None, sizes=None, memory=None, *,
+               new_ledger: Callable[[MachineCosts], Ledger] = Ledger) -> tuple[DoneEvent, Ledger]:
     """Runs the real request loop for one (prompt, config) over the trace: its DoneEvent (token
-    ids, SpecStats) and the ledger of booked decodes.
+    ids, SpecStats) and the ledger of booked decodes (made by ``new_ledger``).
 
     ``cache``: the drafter model's KV tokens carried over from earlier runs (the bench shares
     one drafter model between configurations and prompts); None: an empty cache.
     """
-    ledger = Ledger(costs)
+    ledger = new_ledger(costs)
     seq = TraceSequence(trace, ledger, settings.n_ctx, settings.draft_max)
     step = None if config == PLAIN else SpeculativeStep(
         make_drafter(config, trace, ledger, costs, settings, cache, sizes, memory), settings.draft_max,
@@ -622,9 +624,10 @@ def run_replay(trace: PromptTrace, config: str, costs: MachineCosts, settings: R
 
 
 def replay_prompt(trace: PromptTrace, config: str, costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
-                  cache: list[int] | None = None, sizes=None, memory=None) -> Record:
+                  cache: list[int] | None = None, sizes=None, memory=None, *,
+                  new_ledger: Callable[[MachineCosts], Ledger] = Ledger) -> Record:
     """Replays one prompt under one configuration: a bench Record with simulated seconds."""
-    done, ledger = run_replay(trace, config, costs, settings, cache, sizes, memory)
+    done, ledger = run_replay(trace, config, costs, settings, cache, sizes, memory, new_ledger=new_ledger)
     n = len(done.token_ids)
     spec = done.stats.spec
     steps = spec.steps if spec is not None else max(n - 1, 0)
@@ -663,9 +666,11 @@ def check_settings(trace: Trace, settings: ReplaySettings, configs: Sequence[str
 
 
 def replay(trace: Trace, configs: Sequence[str], costs: MachineCosts, settings: ReplaySettings = ReplaySettings(),
-           ids: Sequence[str] | None = None) -> list[Record]:
+           ids: Sequence[str] | None = None, *,
+           new_ledger: Callable[[MachineCosts], Ledger] = Ledger) -> list[Record]:
     """Every (prompt, config) in the bench's interleaved order (plain first), one shared
-    drafter cache; ``ids`` restricts the prompts. Summarize with edgespec.bench.summary."""
+    drafter cache; ``ids`` restricts the prompts; each run books its decodes on a ledger
+    ``new_ledger`` makes. Summarize with edgespec.bench.summary."""
     wanted = None if ids is None else set(ids)
     chosen = tuple(p for p in trace.prompts if wanted is None or p.id in wanted)
     check_settings(Trace(trace.suite, trace.max_tokens, chosen), settings, configs)
@@ -678,7 +683,8 @@ def replay(trace: Trace, configs: Sequence[str], costs: MachineCosts, settings: 
         memory = PolicyMemory(Path(home), "replay") if settings.remember else None
         for p in chosen:
             for config in configs:
-                records.append(replay_prompt(p, config, costs, settings, cache, sizes, memory))
+                records.append(replay_prompt(p, config, costs, settings, cache, sizes, memory,
+                                             new_ledger=new_ledger))
     log.info("replayed %d runs of %s on %s", len(records), trace.suite, costs.name)
     return records
 
