@@ -128,8 +128,11 @@ stage_beside() {  # the 7B beside the drafter: 4 layers (today's plan) and 3 (be
 # curve_once CONFIG OUT: a curve not measured yet on this machine (GGML_OP_OFFLOAD_MIN_BATCH from
 # the caller's environment, read once per process)
 curve_once() { measure_once curve "$@"; }
-measure_once() { [[ -f "$3.done" ]] || { run 40 python3 benchmarks/device/measure.py "$1" "$2" "$W/models" "$3" \
-                                          && touch "$3.done"; }; }
+# measure_once CMD CONFIG OUT [ARG...]: measure.py CMD CONFIG MODELS [ARG...] OUT, once per machine
+measure_once() { local cmd=$1 config=$2 out=$3; shift 3
+    [[ -f "$out.done" ]] || { run 40 python3 benchmarks/device/measure.py "$cmd" "$config" "$W/models" "$@" "$out" \
+                              && touch "$out.done"; }; }
+rebuild_llama() { run 200 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1; }
 
 stage_floor() {  # target and drafter wholly on the GPU: concurrent graph branches, one CPU
     # thread, and sizes in the order a verifier meets them against one size at a time
@@ -156,8 +159,7 @@ stage_graphs() {  # a replay's target decodes timed in its order, with llama.cpp
     # they are (one per context) and then with one kept per batch shape (ggml-org/llama.cpp#28652)
     local R="$W/results" S=benchmarks/device/sequences/gpu-7b-specbench-30.json
     local F="$SRC/vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
-    [[ -f "$R/sequence-gpu-7b.json" ]] || run 60 python3 benchmarks/device/measure.py sequence gpu-7b \
-        "$W/models" "$S" "$R/sequence-gpu-7b.json"
+    measure_once sequence gpu-7b "$R/sequence-gpu-7b.json" "$S"
     # the stock source is put back and rebuilt at the end: later stages measure stock llama.cpp
     [[ -f "$F.stock" ]] || cp "$F" "$F.stock"
     grep -q EDGESPEC_PER_SHAPE "$F" || python3 - "$F" <<'PY' || { fail "per-shape patch"; return 1; }
@@ -172,12 +174,11 @@ new = ("static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {  // 
        "    return (const void *) (((uintptr_t) cgraph->nodes[0]) ^ rows ^ outs);\n}")
 open(path, "w").write(src.replace(old, new))
 PY
-    run 200 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 || { tail -20 "$W/rebuild.log"; return 1; }
-    run 60 python3 benchmarks/device/measure.py sequence gpu-7b "$W/models" "$S" "$R/sequence-gpu-7b-per-shape.json"
+    rebuild_llama || { tail -20 "$W/rebuild.log"; return 1; }
+    measure_once sequence gpu-7b "$R/sequence-gpu-7b-per-shape.json" "$S"
     measure_once mixed gpu-7b "$R/mixed-gpu-7b-per-shape.json"
     measure_once mixed gpu-0.5b "$R/mixed-gpu-0.5b-per-shape.json"
-    cp "$F.stock" "$F" && run 200 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 \
-        || fail "stock llama.cpp not rebuilt: later stages run the per-shape patch"
+    cp "$F.stock" "$F" && rebuild_llama || fail "stock llama.cpp not rebuilt: later stages run the per-shape patch"
 }
 
 stage_pinned() {  # the offloaded 7B's weights pinned (no mmap), by op offload threshold; mmap beside
