@@ -35,10 +35,20 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard native/*.c)
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $@
 
-# A CUDA build of the pinned llama-cpp-python, never pip's cached CPU wheel.
-$(VENV)/.installed-cuda: $(VENV)/.installed
-	$(BIN)/python -m pip install --no-cache-dir --force-reinstall --no-deps \
+# A CUDA build of the pinned llama-cpp-python from its source archive, never pip's cached CPU
+# wheel, with edgespec's llama.cpp patches (native/llama_cpp_patches.py: one CUDA graph per batch
+# shape) applied first.
+LLAMA_SRC := build/llama-cpp-python
+$(LLAMA_SRC)/.patched: $(VENV)/.installed native/llama_cpp_patches.py
+	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: --dest $(LLAMA_SRC) \
 		"$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+	tar xzf $(LLAMA_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SRC)
+	$(BIN)/python native/llama_cpp_patches.py $(LLAMA_SRC)/llama_cpp_python-*/
+	touch $@
+
+$(VENV)/.installed-cuda: $(LLAMA_SRC)/.patched
+	$(BIN)/python -m pip install --no-cache-dir --force-reinstall --no-deps $(LLAMA_SRC)/llama_cpp_python-*/
 	touch $@
 
 install: $(VENV)/.installed $(if $(filter cuda,$(GPU)),$(VENV)/.installed-cuda)

@@ -53,9 +53,16 @@ def placements_here() -> dict:
             for name, p in MODES.items()}
 
 
+GRAPHS_SAY = {
+    "per-shape": "one per batch shape (edgespec's llama.cpp patch): verification sizes keep theirs",
+    "per-context": "one per context: a decode whose batch size changed runs without it "
+                   "(`make demo GPU=cuda` builds llama.cpp with one per batch shape)",
+}
+
+
 def collect() -> dict:
     """Everything doctor reports, as one JSON-ready dict."""
-    from edgespec.llama.kernels import op_offload_min_batch
+    from edgespec.llama.kernels import cuda_graphs, op_offload_min_batch
 
     info = backend.system_info()
     vm = psutil.virtual_memory()
@@ -71,7 +78,8 @@ def collect() -> dict:
         "ram": {"total": vm.total, "available": vm.available},
         "llama_cpp": {"llama_cpp_python": info["llama_cpp_python"], "gpu_offload": info["gpu_offload"],
                       "mmap": info["mmap"], "mlock": info["mlock"], "devices": info["devices"],
-                      "op_offload_min_batch": op_offload_min_batch()},
+                      "op_offload_min_batch": op_offload_min_batch(),
+                      "cuda_graphs": cuda_graphs(info["system_info"])},
         "native_extensions": HAVE_NATIVE,
         "onnx": onnx_providers(),
         "placements": placements_here(),
@@ -104,6 +112,8 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     if lc["gpu_offload"]:
         t.add_row("  op offload", f"batches of {lc['op_offload_min_batch']}+ tokens copy a split target's "
                   "CPU weights to the GPU (GGML_OP_OFFLOAD_MIN_BATCH)")
+    if lc["gpu_offload"] and lc["cuda_graphs"]:
+        t.add_row("  CUDA graphs", GRAPHS_SAY[lc["cuda_graphs"]])
     for name, p in d["placements"].items():
         t.add_row(f"  placement {name}", ("yes: " + p["what"]) if p["available"] else f"no: {p['why_not']}")
     ox = d["onnx"]

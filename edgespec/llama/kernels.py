@@ -36,6 +36,22 @@ def op_offload_min_batch() -> int:
     return int(m.group(1)) if m else 0
 
 
+# The feature a CUDA build reports in llama_print_system_info() when it carries edgespec's patch
+# (native/llama_cpp_patches.py, applied by `make demo GPU=cuda`): CUDA graphs kept per batch
+# shape. A stock build keeps one per context, and a decode whose batch size differs from the two
+# before it runs without it: +0.76 ms on a 3.8 ms step of a 7B on an H100, +0.47 ms per change
+# of size with the patch (benchmarks/RESULTS-gpu.md sections 17-18).
+GRAPHS_PER_SHAPE = "GRAPHS_PER_SHAPE"
+
+
+def cuda_graphs(system_info: str) -> str | None:
+    """How a llama.cpp build keeps CUDA graphs, from its system info: "per-shape", "per-context",
+    or None (no CUDA graphs: a CPU build, or graphs compiled out)."""
+    if not re.search(r"\bUSE_GRAPHS = 1\b", system_info):
+        return None
+    return "per-shape" if re.search(rf"\b{GRAPHS_PER_SHAPE} = 1\b", system_info) else "per-context"
+
+
 @dataclass(frozen=True)
 class KVCacheType:
     ggml_id: int       # type_k / type_v of llama_context_params
