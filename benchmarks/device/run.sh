@@ -13,6 +13,10 @@ W=/tmp/es
 OUT="${OUT:-$W/out}"
 BUDGET_S="${BUDGET_S:-560}"
 SRC="$W/src/llama_cpp_python-$VERSION"
+# STOCK_LLAMA=1 builds llama.cpp without edgespec's patches (native/llama_cpp_patches.py), as a
+# stock wheel has it; results then lose the -per-shape suffix their graph measurements carry.
+STOCK_LLAMA="${STOCK_LLAMA:-0}"
+SHAPE=$([[ $STOCK_LLAMA == 1 ]] || echo -per-shape)
 export PATH="/usr/local/cuda/bin:$PATH" LC_ALL=C PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export LLAMA_CPP_LIB_PATH="$W/lib" PYTHONPATH="$W/site:$ROOT"
 mkdir -p "$W/results" "$W/models" "$W/lib" "$OUT"
@@ -33,6 +37,7 @@ stage_env() {
 stage_build() {
     [[ -x "$W/build/bin/llama-speculative-simple" && -x "$W/build/bin/llama-bench" ]] && return
     mkdir -p "$W/src" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$W/src"
+    [[ $STOCK_LLAMA == 1 ]] || python3 native/llama_cpp_patches.py "$SRC" || { fail "llama.cpp patches"; return 1; }
     # CPU kernels: AVX2/AVX512 but no AMX (a laptop has none, and AMX repacking died of
     # SIGILL in a VM of the development machine); 90-real: the H100/H200 only.
     local cpu=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
@@ -132,7 +137,6 @@ curve_once() { measure_once curve "$@"; }
 measure_once() { local cmd=$1 config=$2 out=$3; shift 3
     [[ -f "$out.done" ]] || { run 40 python3 benchmarks/device/measure.py "$cmd" "$config" "$W/models" "$@" "$out" \
                               && touch "$out.done"; }; }
-rebuild_llama() { run 200 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1; }
 
 stage_floor() {  # target and drafter wholly on the GPU: concurrent graph branches, one CPU
     # thread, and sizes in the order a verifier meets them against one size at a time
@@ -151,34 +155,15 @@ stage_big() {  # targets wholly on the GPU slow enough for the 0.5B drafter: 14B
     for m in 14b 32b; do
         run 60 python3 benchmarks/device/measure.py clones .device/headers "$W/models" qwen$m || continue
         curve_once gpu-$m "$R/curve-gpu-$m.json"
-        measure_once mixed gpu-$m "$R/mixed-gpu-$m.json"
+        measure_once mixed gpu-$m "$R/mixed-gpu-$m$SHAPE.json"
     done
 }
 
-stage_graphs() {  # a replay's target decodes timed in its order, with llama.cpp's CUDA graphs as
-    # they are (one per context) and then with one kept per batch shape (ggml-org/llama.cpp#28652)
-    local R="$W/results" S=benchmarks/device/sequences/gpu-7b-specbench-30.json
-    local F="$SRC/vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
-    measure_once sequence gpu-7b "$R/sequence-gpu-7b.json" "$S"
-    # the stock source is put back and rebuilt at the end: later stages measure stock llama.cpp
-    [[ -f "$F.stock" ]] || cp "$F" "$F.stock"
-    grep -q EDGESPEC_PER_SHAPE "$F" || python3 - "$F" <<'PY' || { fail "per-shape patch"; return 1; }
-import re, sys
-path = sys.argv[1]
-src = open(path).read()
-old = "static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {\n    return cgraph->nodes[0];\n}"
-assert old in src, "ggml_cuda_graph_get_key changed"
-new = ("static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {  // EDGESPEC_PER_SHAPE\n"
-       "    const uintptr_t rows = (uintptr_t) (cgraph->nodes[0]->ne[1] & 0xff) << 48;\n"
-       "    const uintptr_t outs = (uintptr_t) (cgraph->nodes[cgraph->n_nodes - 1]->ne[1] & 0xff) << 56;\n"
-       "    return (const void *) (((uintptr_t) cgraph->nodes[0]) ^ rows ^ outs);\n}")
-open(path, "w").write(src.replace(old, new))
-PY
-    rebuild_llama || { tail -20 "$W/rebuild.log"; return 1; }
-    measure_once sequence gpu-7b "$R/sequence-gpu-7b-per-shape.json" "$S"
-    measure_once mixed gpu-7b "$R/mixed-gpu-7b-per-shape.json"
-    measure_once mixed gpu-0.5b "$R/mixed-gpu-0.5b-per-shape.json"
-    cp "$F.stock" "$F" && rebuild_llama || fail "stock llama.cpp not rebuilt: later stages run the per-shape patch"
+stage_graphs() {  # a replay's target decodes timed in its order, and sizes in random order,
+    # with the build's CUDA graphs: one per batch shape (patched) or one per context (STOCK_LLAMA=1)
+    local R="$W/results" c
+    measure_once sequence gpu-7b "$R/sequence-gpu-7b$SHAPE.json" benchmarks/device/sequences/gpu-7b-specbench-30.json
+    for c in gpu-7b gpu-0.5b; do measure_once mixed $c "$R/mixed-$c$SHAPE.json"; done
 }
 
 stage_pinned() {  # the offloaded 7B's weights pinned (no mmap), by op offload threshold; mmap beside
@@ -243,6 +228,8 @@ stage_spec() {
 1.5b-n4-p0 qwen1.5b 4 0
 1.5b-n16-p0 qwen1.5b 16 0
 7b-n4-p0 qwen7b 4 0
+14b-n4-p0 qwen14b 4 0
+32b-n4-p0 qwen32b 4 0
 LIST
 }
 
