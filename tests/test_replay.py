@@ -291,6 +291,19 @@ def test_a_decode_replays_its_graph_only_after_two_of_its_shape():
     assert free.target_s == 4 and free.graph_misses == [0, 0]
 
 
+def test_with_a_graph_per_shape_only_a_change_of_size_misses():
+    """edgespec's llama.cpp keeps a graph per batch shape: a decode shaped like the one before it
+    replays; a change (or a context's first decode) pays the per-shape miss."""
+    ledger = rp.Ledger(dataclasses.replace(UNIT, graph_miss_s=(10.0, 100.0), graphs_per_shape=True))
+    sizes = (1, 1, 2, 2, 1, 3, 3)  # miss warm miss warm miss miss warm
+    for n in sizes:
+        ledger.target(n, 0)
+    assert ledger.target_s == sum(sizes) + 10 * 4 and ledger.graph_misses == [4, 0]
+    for n in (2, 1, 1):  # miss miss warm
+        ledger.drafter(n)
+    assert ledger.drafter_s == 4 + 100 * 2 and ledger.graph_misses == [4, 2]
+
+
 def test_graph_miss_is_the_median_extra_of_random_order_over_one_size_at_a_time():
     entry = {"curve": [{"n": 1, "ms": 1.0}, {"n": 2, "ms": 2.0}, {"n": 3, "ms": 3.0}],
              "mixed_ms": {"1": 2.0, "2": 2.5, "3": 7.0}}
@@ -298,6 +311,10 @@ def test_graph_miss_is_the_median_extra_of_random_order_over_one_size_at_a_time(
     curves = {f"curve-{c}.json": {"curve": entry["curve"], "chain_ms_per_token": 1.0} for c in ("t", "d", "cpu")}
     costs = rp.costs_from_device_curves(curves, "t", "d", mixed={"mixed-d.json": entry})
     assert costs.graph_miss_s == (0.0, pytest.approx(1e-3))  # the target has no mixed entry
+    assert not costs.graphs_per_shape
+    shaped = rp.costs_from_device_curves(curves, "t", "d", per_shape=True,
+                                         mixed={"mixed-d.json": entry, "mixed-t-per-shape.json": entry})
+    assert shaped.graph_miss_s == (pytest.approx(1e-3), 0.0) and shaped.graphs_per_shape
     assert rp.costs_from_device_curves(curves, "cpu", "d").graph_miss_s == (0.0, 0.0)
 
 

@@ -8,7 +8,7 @@ beside): one pair in each of three calls, four in a fourth, three in a fifth on 
 (samples 9-11); a table per pair, and one on each layout's median curve (per batch size, the
 median of the ten).
 
-    .venv/bin/python benchmarks/replay/default_shape.py [--no-graphs]
+    .venv/bin/python benchmarks/replay/default_shape.py [--graphs per-shape|stock|none]
 """
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ TRACES = (("code-edit", 256), ("code-edit-validation-16", 256), ("specbench-30",
 
 
 
-def costs_of(name: str | tuple[str, ...], graphs: bool) -> rp.MachineCosts:
+def costs_of(name: str | tuple[str, ...], graphs: str) -> rp.MachineCosts:
     """A placement's costs, or the median of several curves of one layout (a tuple of names)."""
     return load_costs(name, graphs=graphs) if isinstance(name, str) else median_costs(name, graphs)
 
 
-def tokens_per_s(trace, config: str, costs, max_tokens: int, graphs: bool) -> float:
+def tokens_per_s(trace, config: str, costs, max_tokens: int, graphs: str) -> float:
     costs = replace(costs_of(costs, graphs), node_s=0.59e-3)
     return overall(trace, config, costs, max_tokens=max_tokens)["tokens_per_s"]
 
@@ -43,7 +43,7 @@ def tokens_per_s(trace, config: str, costs, max_tokens: int, graphs: bool) -> fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_graphs_flag(ap)
-    graphs = not ap.parse_args().no_graphs
+    graphs = ap.parse_args().graphs
     logging.basicConfig(level=logging.ERROR)
     traces = [(name, load_traces(name)[0], n) for name, n in TRACES]
     for four, three in SAMPLES + (tuple(zip(*SAMPLES)),):

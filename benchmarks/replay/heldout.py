@@ -52,7 +52,7 @@ def main() -> None:
     print("| placement | " + " | ".join(f"{c}: all {len(every)} / new {len(new)}" for c in configs) + " |")
     print("|---" * (len(configs) + 1) + "|")
     for name in args.placements.split(","):
-        costs = replace(load_costs(name, graphs=not args.no_graphs), node_s=args.node_ms * 1e-3)
+        costs = replace(load_costs(name, graphs=args.graphs), node_s=args.node_ms * 1e-3)
         cells = [f"{speedup(trace, c, costs, every, args.max_tokens):.2f}x / "
                  f"{speedup(trace, c, costs, new, args.max_tokens):.2f}x" for c in configs]
         print(f"| {name} | " + " | ".join(cells) + " |")

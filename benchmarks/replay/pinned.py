@@ -12,16 +12,17 @@ in these calls, mapped or pinned, any threshold (``floor``: that plain step agai
 pinned curve's drafting steps), a lower bound. A drafter decode that cannot replay its CUDA graph
 costs what ``measure.py mixed`` measured (results/mixed.json), as in simulate.load_costs.
 
-    .venv/bin/python benchmarks/replay/pinned.py
+    .venv/bin/python benchmarks/replay/pinned.py [--graphs per-shape|stock|none]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from dataclasses import replace
 
 from heldout import overall
-from simulate import DEVICE_CURVES, load_traces, median_costs
+from simulate import DEVICE_CURVES, add_graphs_flag, load_traces, median_costs
 
 from edgespec.bench import replay as rp
 
@@ -40,9 +41,9 @@ TRACES = (("code-edit-test-16", 256), ("specbench-30-test", 128), ("specbench-30
 CONFIGS = ("auto", "auto-tree")  # chains of 32; the default (trees of up to 63 nodes)
 
 
-def costs(curves: dict, names: tuple[str, ...], one_token_ms: float | None = None) -> rp.MachineCosts:
+def costs(curves: dict, names: tuple[str, ...], graphs: str, one_token_ms: float | None = None) -> rp.MachineCosts:
     """The median curve of ``names`` (per batch size), its one-token cost optionally replaced."""
-    return replace(median_costs(names, one_token_ms=one_token_ms, curves=curves), node_s=0.59e-3)
+    return replace(median_costs(names, graphs, one_token_ms=one_token_ms, curves=curves), node_s=0.59e-3)
 
 
 def _layout_samples(curves: dict, mapped: str) -> list[str]:
@@ -57,6 +58,9 @@ def tokens_per_s(trace, config: str, c: rp.MachineCosts, max_tokens: int) -> flo
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_graphs_flag(ap)
+    graphs = ap.parse_args().graphs
     logging.basicConfig(level=logging.ERROR)
     curves = json.loads(DEVICE_CURVES.read_text())
     traces = [(name, load_traces(name)[0], n) for name, n in TRACES]
@@ -69,8 +73,8 @@ def main() -> None:
         print("| trace (tokens) | plain mapped tok/s | mapped: chains / trees | pinned: chains / trees "
               "| pinned `floor`: chains / trees |")
         print("|---|---|---|---|---|")
-        m_costs, p_costs = costs(curves, (mapped,)), costs(curves, pinned)
-        floor_plain = costs(curves, pinned, fastest)
+        m_costs, p_costs = costs(curves, (mapped,), graphs), costs(curves, pinned, graphs)
+        floor_plain = costs(curves, pinned, graphs, fastest)
         for name, trace, n in traces:
             m_plain, p_plain = tokens_per_s(trace, "plain", m_costs, n), tokens_per_s(trace, "plain", p_costs, n)
             f_plain = tokens_per_s(trace, "plain", floor_plain, n)
@@ -78,7 +82,7 @@ def main() -> None:
             spec = {c: tokens_per_s(trace, c, p_costs, n) for c in CONFIGS}
             pinned_cell = " / ".join(f"{spec[c] / p_plain:.2f}x" for c in CONFIGS)
             if len(pinned) > 1:
-                each = [(e, tokens_per_s(trace, "plain", e, n)) for e in (costs(curves, (s,)) for s in pinned)]
+                each = [(e, tokens_per_s(trace, "plain", e, n)) for e in (costs(curves, (s,), graphs) for s in pinned)]
                 ranges = []
                 for c in CONFIGS:
                     rs = [tokens_per_s(trace, c, e, n) / plain for e, plain in each]

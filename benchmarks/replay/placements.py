@@ -49,7 +49,7 @@ def main() -> None:
     for label, trace in zip(args.traces.split(","), load_traces(args.traces)):
         label = Path(label).name.removesuffix(".json.gz")
         for name in args.placements.split(","):
-            costs = load_costs(name, graphs=not args.no_graphs)
+            costs = load_costs(name, graphs=args.graphs)
             if args.node_ms is not None:
                 costs = replace(costs, node_s=args.node_ms * 1e-3)
             records = rp.replay(trace, replayed, costs, settings)

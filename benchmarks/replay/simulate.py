@@ -67,23 +67,35 @@ PLACEMENTS = {
 }
 
 
-def load_costs(name: str, graphs: bool = True) -> rp.MachineCosts:
-    """A cost model by placement name, ``cpu-dev``, or JSON path. ``graphs``: a GPU decode
-    that cannot replay its context's CUDA graph costs what DEVICE_MIXED measured (False: every
-    decode at its curve's cost)."""
+# How GPU decodes meet llama.cpp's CUDA graphs: a graph per batch shape (the llama.cpp edgespec
+# builds, native/llama_cpp_patches.py), one per context (a stock build), or every decode at its
+# curve's cost (as if each replayed a graph).
+GRAPHS = ("per-shape", "stock", "none")
+
+
+def _mixed(graphs: str) -> dict | None:
+    if graphs not in GRAPHS:
+        raise ValueError(f"graphs must be one of {', '.join(GRAPHS)}, not {graphs!r}")
+    return json.loads(DEVICE_MIXED.read_text()) if graphs != "none" else None
+
+
+def load_costs(name: str, graphs: str = "per-shape") -> rp.MachineCosts:
+    """A cost model by placement name, ``cpu-dev``, or JSON path. ``graphs`` (one of GRAPHS):
+    what a GPU decode that cannot replay a CUDA graph costs, from DEVICE_MIXED."""
     if name in PLACEMENTS:
         target, drafter = PLACEMENTS[name]
-        mixed = json.loads(DEVICE_MIXED.read_text()) if graphs else None
-        if mixed is not None and target.startswith("gpu-") and f"mixed-{target}.json" not in mixed:
-            logging.getLogger("simulate").warning("%s: no graph misses measured for %s; its decodes "
-                                                  "are booked at the curve", name, target)
+        mixed, per_shape = _mixed(graphs), graphs == "per-shape"
+        key = f"mixed-{target}{'-per-shape' if per_shape else ''}.json"
+        if mixed is not None and target.startswith("gpu-") and key not in mixed:
+            logging.getLogger("simulate").warning("%s: no graph misses measured for %s (%s); its decodes "
+                                                  "are booked at the curve", name, target, graphs)
         return rp.costs_from_device_curves(json.loads(DEVICE_CURVES.read_text()), target, drafter, name,
-                                           mixed=mixed)
+                                           mixed=mixed, per_shape=per_shape)
     path = HERE / "costs" / f"{name}.json" if not name.endswith(".json") else Path(name)
     return rp.costs_from_json(json.loads(path.read_text()), name)
 
 
-def median_costs(names: Sequence[str], graphs: bool = True, one_token_ms: float | None = None,
+def median_costs(names: Sequence[str], graphs: str = "per-shape", one_token_ms: float | None = None,
                  curves: dict | None = None) -> rp.MachineCosts:
     """Costs of the per-batch-size median of several curves of one layout (names in
     DEVICE_CURVES, drafter "gpu-0.5b"), named after them; ``one_token_ms`` replaces its one-token
@@ -96,15 +108,15 @@ def median_costs(names: Sequence[str], graphs: bool = True, one_token_ms: float 
               **{k: statistics.median(e[k] for e in entries) for k in ("chain_ms_per_token", "prefill_512_ms")}}
     if one_token_ms is not None:
         points[0], median["chain_ms_per_token"] = {"n": 1, "ms": one_token_ms}, one_token_ms
-    mixed = json.loads(DEVICE_MIXED.read_text()) if graphs else None
     return rp.costs_from_device_curves({"curve-median.json": median, **curves}, "median", "gpu-0.5b",
-                                       ",".join(names), mixed=mixed)
+                                       ",".join(names), mixed=_mixed(graphs), per_shape=graphs == "per-shape")
 
 
 def add_graphs_flag(ap: argparse.ArgumentParser) -> None:
-    """``--no-graphs``: load_costs(graphs=False) for every placement."""
-    ap.add_argument("--no-graphs", action="store_true",
-                    help="book every GPU decode at its curve's cost, as if it always replayed a CUDA graph")
+    """``--graphs {per-shape,stock,none}``: load_costs(graphs=...) for every placement."""
+    ap.add_argument("--graphs", choices=GRAPHS, default="per-shape",
+                    help="CUDA graphs kept per batch shape (edgespec's llama.cpp build), per context "
+                         "(a stock build), or none (every GPU decode at its curve's cost)")
 
 
 def load_traces(names: str) -> list[rp.Trace]:
@@ -138,7 +150,7 @@ def main() -> None:
     add_graphs_flag(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    costs = load_costs(args.costs, graphs=not args.no_graphs)
+    costs = load_costs(args.costs, graphs=args.graphs)
     if args.step_ms is not None:
         costs = replace(costs, step_s=args.step_ms * 1e-3)
     if args.node_ms is not None:

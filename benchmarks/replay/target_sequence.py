@@ -7,7 +7,8 @@ Writes, for plain decoding and for ``--config``, each prompt's batch sizes in th
 target decodes them and the seconds the replay booked for them: with CUDA graph misses priced
 (``booked_s``) and at the curve's cost alone (``curve_s``). ``measure.py sequence`` then decodes
 the same sizes in the same order on the GPU and times them, which checks how the replay prices
-a GPU decode that changes its batch's shape.
+a GPU decode that changes its batch's shape. ``--book FILE`` instead prices the sizes of such a
+file (as it was timed) on ``--costs`` with ``--graphs``' misses.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from simulate import load_costs, load_traces
+from simulate import add_graphs_flag, load_costs, load_traces
 
 from edgespec.bench import replay as rp
 
@@ -46,16 +47,40 @@ def sequences(trace, config: str, costs, max_tokens: int) -> dict[str, list[list
     return {"plain": [r.decodes for r in made[0::2]], config: [r.decodes for r in made[1::2]]}
 
 
+def book(sizes: dict[str, list[list[int]]], costs) -> dict[str, tuple[float, float]]:
+    """{run: (seconds booked with graph misses, seconds at the curve)} for recorded decode sizes,
+    each prompt in a fresh ledger at the curve's context depth."""
+    out = {}
+    for key, prompts in sizes.items():
+        booked = curve = 0.0
+        for p in prompts:
+            ledger = rp.Ledger(costs)
+            for n in p:
+                ledger.target(n, 512)
+            booked += ledger.target_s
+            curve += sum(costs.verify(n, 512) for n in p)
+        out[key] = (booked, curve)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default="specbench-30")
     ap.add_argument("--costs", default="gpu-7b")
     ap.add_argument("--config", default="auto")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--book", type=Path, help="price this sequences file's sizes instead of writing one")
+    ap.add_argument("--out", type=Path)
+    add_graphs_flag(ap)
     args = ap.parse_args()
+    costs = load_costs(args.costs, graphs=args.graphs)
+    if args.book:
+        for key, (booked, curve) in book(json.loads(args.book.read_text())["sizes"], costs).items():
+            print(f"{key}: booked {booked:.3f} s ({args.graphs} graphs), at the curve {curve:.3f} s")
+        return
+    if args.out is None:
+        ap.error("--out is required unless --book is given")
     trace, = load_traces(args.trace)
-    costs = load_costs(args.costs)
     booked = sequences(trace, args.config, costs, args.max_tokens)
     out = {"trace": args.trace, "costs": args.costs, "config": args.config, "max_tokens": args.max_tokens,
            "graph_miss_s": costs.graph_miss_s, "sizes": {}, "booked_s": {}, "curve_s": {}}

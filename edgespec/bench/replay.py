@@ -223,8 +223,11 @@ class MachineCosts:
     replay its context's CUDA graph. The curves repeat one batch size, so their decodes replay
     one; llama.cpp keeps one graph per context and replays it only for a batch shaped like the
     two decodes before it (the first after a change runs kernel by kernel, the second captures,
-    priced alike though a 7B's capture measured 0.36 ms dearer). Each replayed request starts
-    with no graph in either context, though the bench shares one drafter between requests.
+    priced alike though a 7B's capture measured 0.36 ms dearer). ``graphs_per_shape``: a
+    llama.cpp that keeps a graph per batch shape (edgespec's patch, native/llama_cpp_patches.py)
+    pays its miss whenever the size differs from the decode before it (the CPU rebuilds the
+    graph it replays). Each replayed request starts with no graph in either context, though
+    the bench shares one drafter between requests.
     """
 
     name: str
@@ -234,6 +237,7 @@ class MachineCosts:
     step_s: float = 0.0
     node_s: float = 0.0
     graph_miss_s: tuple[float, float] = (0.0, 0.0)
+    graphs_per_shape: bool = False
 
     def verify(self, n: int, depth: int) -> float:
         depths = [d for d, _ in self.target]
@@ -286,7 +290,8 @@ class Ledger:
         """Seconds beyond the curve for a batch of ``n`` in context ``who`` (0 target, 1 drafter)."""
         last = self._shapes[who]
         self._shapes[who] = (*last[-1:], n)
-        if last == (n, n) or not self.costs.graph_miss_s[who]:
+        warm = last[-1:] == (n,) if self.costs.graphs_per_shape else last == (n, n)
+        if warm or not self.costs.graph_miss_s[who]:
             return 0.0
         self.graph_misses[who] += 1
         return self.costs.graph_miss_s[who]
@@ -338,11 +343,14 @@ def graph_miss(entry: dict) -> float:
 
 
 def costs_from_device_curves(curves: dict, target: str, drafter: str | None, name: str = "",
-                             step_s: float = 0.0, mixed: dict | None = None) -> MachineCosts:
+                             step_s: float = 0.0, mixed: dict | None = None,
+                             per_shape: bool = False) -> MachineCosts:
     """MachineCosts from benchmarks/device/results/curves.json: ``target`` and ``drafter`` name
     placements in it (e.g. "gpu-7b", "gpu-0.5b"); the target curve was measured after 512
     tokens of context, so it stands for every depth. ``mixed`` (results/mixed.json) prices a
-    decode that misses its CUDA graph, for each of the two that has an entry there."""
+    decode that misses its CUDA graph, for each of the two that has an entry there: a stock
+    llama.cpp's (``mixed-CONFIG.json``), or with ``per_shape`` the patched one's
+    (``mixed-CONFIG-per-shape.json``)."""
     def entry(config: str) -> dict:
         found = curves.get(f"curve-{config}.json")
         if found is None:
@@ -350,13 +358,13 @@ def costs_from_device_curves(curves: dict, target: str, drafter: str | None, nam
         return found
 
     def miss(config: str | None) -> float:
-        found = (mixed or {}).get(f"mixed-{config}.json")
+        found = (mixed or {}).get(f"mixed-{config}{'-per-shape' if per_shape else ''}.json")
         return graph_miss(found) if found else 0.0
 
     t = entry(target)
     return MachineCosts(name or f"{target}+{drafter}", ((t.get("context", 512), device_curve(t)),),
                         device_curve(entry(drafter)) if drafter else None, step_s=step_s,
-                        graph_miss_s=(miss(target), miss(drafter)))
+                        graph_miss_s=(miss(target), miss(drafter)), graphs_per_shape=per_shape)
 
 
 # -- the oracle target and the chain drafter -----------------------------------------------------
