@@ -36,7 +36,7 @@ LAYOUTS = {  # name: (mapped curve, pinned samples at the threshold edgespec set
     "9 layers, the drafter on top, threshold 2": ("offload-7b-12", ("offload-7b-pinned-ob2",)),
 }
 TRACES = (("code-edit-test-16", 256), ("specbench-30-test", 128), ("specbench-30-test2", 128),
-          ("specbench-30-test3", 128), ("code-edit", 256), ("code-edit-validation-16", 256),
+          ("specbench-30-test3", 128), ("specbench-30-test4", 128), ("code-edit", 256), ("code-edit-validation-16", 256),
           ("specbench-30", 128), ("specbench-30-validate", 128))
 CONFIGS = ("auto", "auto-tree")  # chains of 32; the default (trees of up to 63 nodes)
 
