@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap trees gputests offload beside pinned pinned2 floor graphs big numpy diag
+#   overlap trees gputests offload beside pinned pinned2 floor graphs big ab numpy diag
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -163,7 +163,21 @@ stage_graphs() {  # a replay's target decodes timed in its order, and sizes in r
     # with the build's CUDA graphs: one per batch shape (patched) or one per context (STOCK_LLAMA=1)
     local R="$W/results" c
     measure_once sequence gpu-7b "$R/sequence-gpu-7b$SHAPE.json" benchmarks/device/sequences/gpu-7b-specbench-30.json
-    for c in gpu-7b gpu-0.5b; do measure_once mixed $c "$R/mixed-$c$SHAPE.json"; done
+    for c in gpu-7b gpu-0.5b gpu-1.5b; do measure_once mixed $c "$R/mixed-$c$SHAPE.json"; done
+}
+
+stage_ab() {  # the engine on the 1.5B clone with stock and patched llama.cpp, interleaved on one
+    # machine (a rebuild of ggml-cuda.cu between: ~14 s); the build is left patched
+    local F="vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu" R="$W/results" i kind
+    mkdir -p "$W/stock" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$W/stock" "llama_cpp_python-$VERSION/$F"
+    for i in 1 2; do
+        for kind in stock per-shape; do
+            if [[ $kind == stock ]]; then cp "$W/stock/llama_cpp_python-$VERSION/$F" "$SRC/$F"
+            else python3 native/llama_cpp_patches.py "$SRC"; fi
+            run 40 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 || return 1
+            run 30 python3 benchmarks/device/engine_modes.py "$W/models" "$R/engine-ab-$kind-$i.json" gpu-1.5b
+        done
+    done
 }
 
 stage_pinned() {  # the offloaded 7B's weights pinned (no mmap), by op offload threshold; mmap beside
