@@ -2,7 +2,8 @@
 #   make demo   - create .venv, install edgespec, pull the default models, generate, show stats
 #   make test   - the same set-up, then the whole test suite (real llama.cpp, real models)
 # GPU=cuda (e.g. `make demo GPU=cuda`, needs the CUDA toolkit's nvcc) builds llama.cpp with CUDA
-# instead: the GPU placement modes (gpu, offload, draft-gpu) need it.
+# instead, from the pinned source with edgespec's patches (native/llama_cpp_patches.py): the GPU
+# placement modes (gpu, offload, draft-gpu) need it.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

@@ -121,6 +121,9 @@ def test_doctor_json():
     from edgespec.llama.kernels import op_offload_min_batch
 
     assert d["llama_cpp"]["op_offload_min_batch"] == op_offload_min_batch()  # the environment it passed down
+    from edgespec.llama.kernels import cuda_graphs
+
+    assert d["llama_cpp"]["cuda_graphs"] == cuda_graphs(d["cpu"]["features"])  # None on a CPU build
     assert {m["name"] for m in d["store"]["models"]} >= {"qwen2.5-coder-1.5b", "smollm2-135m"}
 
 
