@@ -40,7 +40,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard native/*.c)
 # wheel, with edgespec's llama.cpp patches (native/llama_cpp_patches.py: one CUDA graph per batch
 # shape) applied first.
 LLAMA_SRC := build/llama-cpp-python
-$(LLAMA_SRC)/.patched: $(VENV)/.installed native/llama_cpp_patches.py
+$(LLAMA_SRC)/.patched: $(BIN)/python pyproject.toml native/llama_cpp_patches.py
 	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
 	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: --dest $(LLAMA_SRC) \
 		"$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
@@ -48,7 +48,7 @@ $(LLAMA_SRC)/.patched: $(VENV)/.installed native/llama_cpp_patches.py
 	$(BIN)/python native/llama_cpp_patches.py $(LLAMA_SRC)/llama_cpp_python-*/
 	touch $@
 
-$(VENV)/.installed-cuda: $(LLAMA_SRC)/.patched
+$(VENV)/.installed-cuda: $(VENV)/.installed $(LLAMA_SRC)/.patched
 	$(BIN)/python -m pip install --no-cache-dir --force-reinstall --no-deps $(LLAMA_SRC)/llama_cpp_python-*/
 	touch $@
 

@@ -57,6 +57,7 @@ GRAPHS_SAY = {
     "per-shape": "one per batch shape (edgespec's llama.cpp patch): verification sizes keep theirs",
     "per-context": "one per context: a decode whose batch size changed runs without it "
                    "(`make demo GPU=cuda` builds llama.cpp with one per batch shape)",
+    "disabled": "off: GGML_CUDA_DISABLE_GRAPHS is set",
 }
 
 

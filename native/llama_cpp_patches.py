@@ -35,22 +35,28 @@ class PatchError(RuntimeError):
 
 # llama.cpp keeps its CUDA graphs in a map keyed by the graph's first node, whose address is the
 # same for every batch size, so one context has one graph and a decode replays it only after two
-# decodes of its own shape (ggml-org/llama.cpp#28652, open). A verifier's batch sizes change from
-# step to step: on an H100 a 7B-shaped target pays 0.76 ms (of a 3.8 ms step) and the 0.5B
-# drafter 2.55 ms per change. With the batch's row count and its outputs' in the key each shape
-# keeps its graph (the node-by-node property check still guards every replay): 0.49 / 0.42 ms per
-# change, and `auto`'s target decodes on 30 Spec-Bench questions 7.958 s against 8.582 s
-# (benchmarks/RESULTS-gpu.md section 17). Row counts sit in bits 48-63, above any user-space
-# address; graphs unused for 10 s are still evicted by llama.cpp.
+# decodes of its own shape (ggml-org/llama.cpp#28652). A verifier's batch sizes change from step
+# to step: on an H100 a 7B-shaped target pays 0.76 ms (of a 3.9 ms step) and the 0.5B drafter
+# 2.55 ms per change. With the batch's row count and its outputs' in the key each shape keeps its
+# graph: 0.47 / 0.54 ms per change, and `auto`'s target decodes on 30 Spec-Bench questions 10%
+# faster on one machine (benchmarks/RESULTS-gpu.md section 18). The key only picks a slot of the
+# map: llama.cpp's node-by-node property check still guards every replay, so two graphs that
+# share a slot (row counts mod 256, or pointers that use bits 48-63) cost a rebuild, never a
+# wrong result. An empty graph, or a 32-bit build, keeps llama.cpp's own key.
 PER_SHAPE_KEY = Patch(
     "graphs-per-shape", CUDA,
     "static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {\n"
     "    return cgraph->nodes[0];\n"
     "}",
     f"static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {{  // {MARK} graphs-per-shape\n"
-    "    const uintptr_t rows = (uintptr_t) (cgraph->nodes[0]->ne[1] & 0xff) << 48;\n"
-    "    const uintptr_t outs = (uintptr_t) (cgraph->nodes[cgraph->n_nodes - 1]->ne[1] & 0xff) << 56;\n"
-    "    return (const void *) (((uintptr_t) cgraph->nodes[0]) ^ rows ^ outs);\n"
+    "#if UINTPTR_MAX > 0xffffffffu\n"
+    "    if (cgraph->n_nodes > 0) {\n"
+    "        const uintptr_t rows = (uintptr_t) (cgraph->nodes[0]->ne[1] & 0xff) << 48;\n"
+    "        const uintptr_t outs = (uintptr_t) (cgraph->nodes[cgraph->n_nodes - 1]->ne[1] & 0xff) << 56;\n"
+    "        return (const void *) (((uintptr_t) cgraph->nodes[0]) ^ rows ^ outs);\n"
+    "    }\n"
+    "#endif\n"
+    "    return cgraph->nodes[0];\n"
     "}",
 )
 
@@ -69,14 +75,16 @@ PATCHES = (PER_SHAPE_KEY, PER_SHAPE_FEATURE)
 
 
 def apply(text: str, patch: Patch) -> str:
-    """``text`` with ``patch`` applied; unchanged if it already is; PatchError if its anchor is
-    not there exactly once."""
-    if f"{MARK} {patch.name}\n" in text:
+    """``text`` with ``patch`` applied; unchanged if it already is (its whole new text is there);
+    PatchError if its anchor is not there exactly once, which includes a file an older version of
+    the patch changed."""
+    if patch.new in text:
         return text
     count = text.count(patch.old)
     if count != 1:
-        raise PatchError(f"{patch.path}: the text patch {patch.name!r} replaces was found {count} times "
-                         f"(a llama.cpp other than the pinned one?)")
+        stale = " (patched by another version of it: start from the source archive)" if f"{MARK} {patch.name}\n" in text else ""
+        raise PatchError(f"{patch.path}: the text patch {patch.name!r} replaces was found {count} times"
+                         f"{stale or ' (a llama.cpp other than the pinned one?)'}")
     return text.replace(patch.old, patch.new)
 
 

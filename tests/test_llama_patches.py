@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -59,21 +61,62 @@ def test_the_script_says_one_line_and_exits_2_on_a_wrong_folder(tmp_path):
     assert ok.returncode == 0 and "graphs-per-shape" in ok.stdout
 
 
+# What the patched key reads of llama.cpp's structs, and a main that prints its keys.
+KEY_HARNESS = r"""#include <cstdint>
+#include <cstdio>
+struct ggml_tensor { int64_t ne[4]; };
+struct ggml_cgraph { int n_nodes; ggml_tensor ** nodes; };
+@KEY@
+int main() {
+    ggml_tensor a{}, b{}; ggml_tensor * nodes[2] = {&a, &b}; ggml_cgraph g{2, nodes};
+    const int shapes[4][2] = {{1, 1}, {9, 9}, {9, 1}, {257, 1}};
+    for (auto & s : shapes) {
+        a.ne[1] = s[0]; b.ne[1] = s[1];
+        std::printf("%llx\n", (unsigned long long) ((uintptr_t) ggml_cuda_graph_get_key(&g) ^ (uintptr_t) &a));
+    }
+    g.n_nodes = 0;
+    std::printf("%llx\n", (unsigned long long) ((uintptr_t) ggml_cuda_graph_get_key(&g) ^ (uintptr_t) &a));
+}
+"""
+
+
+def test_the_patched_key_compiles_and_keys_each_shape(tmp_path):
+    """The C++ the patch puts in ggml-cuda.cu (host code there), built by this machine's compiler:
+    the key is the first node's address with (rows, outputs) mod 256 in bits 48-63, so shapes get
+    their own map slots; an empty graph keeps llama.cpp's key."""
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    src, exe = tmp_path / "key.cpp", tmp_path / "key"
+    src.write_text(KEY_HARNESS.replace("@KEY@", patches.PER_SHAPE_KEY.new))
+    subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(src)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(x, 16) for x in out] == [(1 << 48) | (1 << 56), (9 << 48) | (9 << 56), (9 << 48) | (1 << 56),
+                                         (1 << 48) | (1 << 56), 0]  # 257 rows share 1's slot
+
+
 def test_the_pinned_source_takes_the_patches(tmp_path):
-    """Where `make install GPU=cuda` has fetched the pinned llama-cpp-python source: the patches
-    apply to its real ggml-cuda.cu (the GPU machine's run.sh applies them to the same archive)."""
-    found = sorted(glob.glob(str(ROOT / "build" / "llama-cpp-python" / "llama_cpp_python-*" / patches.CUDA)))
+    """Where `make demo GPU=cuda` has downloaded the pinned llama-cpp-python source archive: its
+    stock ggml-cuda.cu takes both patches (the GPU machine's run.sh applies them to the same
+    archive and builds it)."""
+    found = sorted(glob.glob(str(ROOT / "build" / "llama-cpp-python" / "llama_cpp_python-*.tar.gz")))
     if not found:
-        pytest.skip("no llama-cpp-python source in build/ (`make build/llama-cpp-python/.patched` fetches it)")
-    copy = tree(tmp_path, Path(found[-1]).read_text())
-    patches.apply_all(copy)  # idempotent: the folder may hold it patched already
-    assert patches.apply_all(copy) == [] and "edgespec: graphs-per-shape\n" in (copy / patches.CUDA).read_text()
+        pytest.skip("no llama-cpp-python archive in build/ (`make build/llama-cpp-python/.patched` fetches it)")
+    with tarfile.open(found[-1]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(patches.CUDA))
+        stock = tar.extractfile(member).read().decode("utf-8")
+    root = tree(tmp_path, stock)
+    assert patches.apply_all(root) == ["graphs-per-shape", "graphs-per-shape-feature"]
+    assert patches.apply_all(root) == []
 
 
-def test_doctor_tells_the_patched_build_from_a_stock_one():
+def test_doctor_tells_the_patched_build_from_a_stock_one(monkeypatch):
     assert patches.GRAPHS_PER_SHAPE == GRAPHS_PER_SHAPE  # the word the patch prints is the one read
     # system info of the H100 runs (benchmarks/device/results): stock, then patched; a CPU build
     stock = "CUDA : ARCHS = 900 | USE_GRAPHS = 1 | FA_QUANTS = q4_0-q4_0 | CPU : SSE3 = 1 | AVX2 = 1 |"
     patched = "CUDA : ARCHS = 900 | USE_GRAPHS = 1 | GRAPHS_PER_SHAPE = 1 | FA_QUANTS = q4_0-q4_0 | CPU : SSE3 = 1 |"
+    monkeypatch.delenv("GGML_CUDA_DISABLE_GRAPHS", raising=False)
     assert cuda_graphs(stock) == "per-context" and cuda_graphs(patched) == "per-shape"
+    monkeypatch.setenv("GGML_CUDA_DISABLE_GRAPHS", "")  # llama.cpp reads any value, even empty
+    assert cuda_graphs(patched) == "disabled"
     assert cuda_graphs("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |") is None

@@ -46,9 +46,12 @@ GRAPHS_PER_SHAPE = "GRAPHS_PER_SHAPE"
 
 def cuda_graphs(system_info: str) -> str | None:
     """How a llama.cpp build keeps CUDA graphs, from its system info: "per-shape", "per-context",
-    or None (no CUDA graphs: a CPU build, or graphs compiled out)."""
+    "disabled" (GGML_CUDA_DISABLE_GRAPHS is set, to any value, as llama.cpp reads it), or None
+    (no CUDA graphs: a CPU build, or graphs compiled out)."""
     if not re.search(r"\bUSE_GRAPHS = 1\b", system_info):
         return None
+    if os.environ.get("GGML_CUDA_DISABLE_GRAPHS") is not None:
+        return "disabled"
     return "per-shape" if re.search(rf"\b{GRAPHS_PER_SHAPE} = 1\b", system_info) else "per-context"
 
 
