@@ -315,6 +315,12 @@ def test_graph_miss_is_the_median_extra_of_random_order_over_one_size_at_a_time(
     shaped = rp.costs_from_device_curves(curves, "t", "d", per_shape=True,
                                          mixed={"mixed-d.json": entry, "mixed-t-per-shape.json": entry})
     assert shaped.graph_miss_s == (pytest.approx(1e-3), 0.0) and shaped.graphs_per_shape
+    assert shaped.calibration_miss_s == 0.0  # the target has no stock entry: its calibration misses nothing
+    stock_too = rp.costs_from_device_curves(curves, "t", "d", per_shape=True, mixed={
+        "mixed-t.json": {**entry, "mixed_ms": {"1": 3.0, "2": 4.0, "3": 5.0}}, "mixed-t-per-shape.json": entry})
+    assert stock_too.graph_miss_s[0] == pytest.approx(1e-3) and stock_too.calibration_miss_s == pytest.approx(2e-3)
+    # auto's calibration meets a size's first two decodes, without a graph on either build
+    assert stock_too.policy_model().verify(2) == pytest.approx(2e-3 + 2e-3)
     assert rp.costs_from_device_curves(curves, "cpu", "d").graph_miss_s == (0.0, 0.0)
 
 

@@ -27,7 +27,8 @@ from edgespec.bench.summary import OVERALL, PLAIN, summarize
 
 HERE = Path(__file__).resolve().parent
 DEVICE_CURVES = HERE.parent / "device" / "results" / "curves.json"
-# measure.py mixed on the H100 (2026-11-28): what a decode costs without its CUDA graph
+# measure.py mixed on H100s (2026-11-28): what a decode costs without its CUDA graph, on a stock
+# llama.cpp (mixed-CONFIG.json) and on edgespec's patched build (mixed-CONFIG-per-shape.json)
 DEVICE_MIXED = HERE.parent / "device" / "results" / "mixed.json"
 # name: (target curve, drafter curve) in DEVICE_CURVES (H100 machine, 8 CPU threads)
 PLACEMENTS = {
@@ -85,8 +86,7 @@ def load_costs(name: str, graphs: str = "per-shape") -> rp.MachineCosts:
     if name in PLACEMENTS:
         target, drafter = PLACEMENTS[name]
         mixed, per_shape = _mixed(graphs), graphs == "per-shape"
-        key = f"mixed-{target}{'-per-shape' if per_shape else ''}.json"
-        if mixed is not None and target.startswith("gpu-") and key not in mixed:
+        if mixed is not None and target.startswith("gpu-") and rp.mixed_key(target, per_shape) not in mixed:
             logging.getLogger("simulate").warning("%s: no graph misses measured for %s (%s); its decodes "
                                                   "are booked at the curve", name, target, graphs)
         return rp.costs_from_device_curves(json.loads(DEVICE_CURVES.read_text()), target, drafter, name,

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from statistics import mean
 
-from simulate import load_costs, load_traces
+from simulate import add_graphs_flag, load_costs, load_traces
 
 from edgespec.bench import replay as rp
 from edgespec.bench.summary import PLAIN, Record
@@ -69,9 +69,11 @@ def main() -> None:
     ap.add_argument("--traces", default="specbench,code-edit")
     ap.add_argument("--costs", default="cpu-dev")
     ap.add_argument("-v", "--verbose", action="store_true")
+    add_graphs_flag(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    measured, replayed = compare(json.loads(args.bench.read_text()), load_traces(args.traces), load_costs(args.costs))
+    measured, replayed = compare(json.loads(args.bench.read_text()), load_traces(args.traces),
+                                 load_costs(args.costs, graphs=args.graphs))
     print(report(measured, replayed, args.verbose))
 
 

@@ -226,8 +226,11 @@ class MachineCosts:
     priced alike though a 7B's capture measured 0.36 ms dearer). ``graphs_per_shape``: a
     llama.cpp that keeps a graph per batch shape (edgespec's patch, native/llama_cpp_patches.py)
     pays its miss whenever the size differs from the decode before it (the CPU rebuilds the
-    graph it replays). Each replayed request starts with no graph in either context, though
-    the bench shares one drafter between requests.
+    graph it replays). ``calibration_miss_s``: what `auto`'s calibration adds to a batch of 2+
+    on the target (None: the target's ``graph_miss_s``); a size's first two decodes run
+    without a graph on either build, so on a per-shape build it is a stock build's miss. Each
+    replayed request starts with no graph in either context, though the bench shares one
+    drafter between requests.
     """
 
     name: str
@@ -238,6 +241,7 @@ class MachineCosts:
     node_s: float = 0.0
     graph_miss_s: tuple[float, float] = (0.0, 0.0)
     graphs_per_shape: bool = False
+    calibration_miss_s: float | None = None
 
     def verify(self, n: int, depth: int) -> float:
         depths = [d for d, _ in self.target]
@@ -256,7 +260,7 @@ class MachineCosts:
         if self.policy is not None:
             return self.policy
         _, curve = min(self.target, key=lambda dc: abs(dc[0] - 512))
-        miss = self.graph_miss_s[0]
+        miss = self.graph_miss_s[0] if self.calibration_miss_s is None else self.calibration_miss_s
         verify_s = tuple(s + (miss if n > 1 else 0.0) for n, s in zip(curve.batch_sizes, curve.verify_s))
         return CostModel(curve.batch_sizes, verify_s, self.draft(1) if self.drafter else 0.0)
 
@@ -334,6 +338,12 @@ def device_curve(entry: dict) -> CostModel:
     return curve(points, 1e-3)
 
 
+def mixed_key(config: str, per_shape: bool = False) -> str:
+    """The name of ``config``'s ``measure.py mixed`` entry in results/mixed.json: a stock
+    llama.cpp's, or with ``per_shape`` edgespec's patched build's."""
+    return f"mixed-{config}{'-per-shape' if per_shape else ''}.json"
+
+
 def graph_miss(entry: dict) -> float:
     """Seconds a decode costs beyond its curve without its context's CUDA graph, from one
     ``measure.py mixed`` entry: the median over batch sizes of the cost in random order over
@@ -348,23 +358,24 @@ def costs_from_device_curves(curves: dict, target: str, drafter: str | None, nam
     """MachineCosts from benchmarks/device/results/curves.json: ``target`` and ``drafter`` name
     placements in it (e.g. "gpu-7b", "gpu-0.5b"); the target curve was measured after 512
     tokens of context, so it stands for every depth. ``mixed`` (results/mixed.json) prices a
-    decode that misses its CUDA graph, for each of the two that has an entry there: a stock
-    llama.cpp's (``mixed-CONFIG.json``), or with ``per_shape`` the patched one's
-    (``mixed-CONFIG-per-shape.json``)."""
+    decode that misses its CUDA graph, for each of the two that has an entry there (mixed_key):
+    a stock llama.cpp's, or with ``per_shape`` the patched one's, whose policy still calibrates
+    at the stock miss."""
     def entry(config: str) -> dict:
         found = curves.get(f"curve-{config}.json")
         if found is None:
             raise ValueError(f"no curve {config!r}; have {', '.join(sorted(curves))}")
         return found
 
-    def miss(config: str | None) -> float:
-        found = (mixed or {}).get(f"mixed-{config}{'-per-shape' if per_shape else ''}.json")
+    def miss(config: str | None, shaped: bool = per_shape) -> float:
+        found = (mixed or {}).get(mixed_key(config, shaped))
         return graph_miss(found) if found else 0.0
 
     t = entry(target)
     return MachineCosts(name or f"{target}+{drafter}", ((t.get("context", 512), device_curve(t)),),
                         device_curve(entry(drafter)) if drafter else None, step_s=step_s,
-                        graph_miss_s=(miss(target), miss(drafter)), graphs_per_shape=per_shape)
+                        graph_miss_s=(miss(target), miss(drafter)), graphs_per_shape=per_shape,
+                        calibration_miss_s=miss(target, False) if per_shape else None)
 
 
 # -- the oracle target and the chain drafter -----------------------------------------------------

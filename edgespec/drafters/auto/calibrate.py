@@ -28,9 +28,11 @@ log = logging.getLogger(__name__)
 # each multiple of 16 are measured so the policy sees those steps and drafts to fill a tile.
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64)
 
-# On a GPU the faster of two repeats of a new size is still a decode without the context's CUDA
-# graph (llama.cpp runs the first kernel by kernel and captures on the second), which is what a
-# verification pays when its size differs from the last decode's (RESULTS-gpu.md section 17).
+# On a GPU the faster of two repeats of a new size is still a decode without a CUDA graph
+# (llama.cpp runs the first kernel by kernel and captures on the second, on a stock build and on
+# edgespec's per-shape one alike). A stock build's verification pays that whenever its size
+# differs from the last two decodes'; with a graph per shape a change costs less (7B on an H100:
+# 0.47 against 0.76 ms), so there verification is priced a little high (RESULTS-gpu.md 17-18).
 REPEATS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
