@@ -14,9 +14,10 @@ OUT="${OUT:-$W/out}"
 BUDGET_S="${BUDGET_S:-560}"
 SRC="$W/src/llama_cpp_python-$VERSION"
 # STOCK_LLAMA=1 builds llama.cpp without edgespec's patches (native/llama_cpp_patches.py), as a
-# stock wheel has it; results then lose the -per-shape suffix their graph measurements carry.
+# stock wheel has it. Graph measurements carry -per-shape when the source built has the patch.
 STOCK_LLAMA="${STOCK_LLAMA:-0}"
-SHAPE=$([[ $STOCK_LLAMA == 1 ]] || echo -per-shape)
+CUDA_SRC="$SRC/vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
+shape() { grep -q 'edgespec: graphs-per-shape$' "$CUDA_SRC" 2>/dev/null && echo -per-shape; }
 export PATH="/usr/local/cuda/bin:$PATH" LC_ALL=C PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export LLAMA_CPP_LIB_PATH="$W/lib" PYTHONPATH="$W/site:$ROOT"
 mkdir -p "$W/results" "$W/models" "$W/lib" "$OUT"
@@ -155,15 +156,15 @@ stage_big() {  # targets wholly on the GPU slow enough for the 0.5B drafter: 14B
     for m in 14b 32b; do
         run 60 python3 benchmarks/device/measure.py clones .device/headers "$W/models" qwen$m || continue
         curve_once gpu-$m "$R/curve-gpu-$m.json"
-        measure_once mixed gpu-$m "$R/mixed-gpu-$m$SHAPE.json"
+        measure_once mixed gpu-$m "$R/mixed-gpu-$m$(shape).json"
     done
 }
 
 stage_graphs() {  # a replay's target decodes timed in its order, and sizes in random order,
     # with the build's CUDA graphs: one per batch shape (patched) or one per context (STOCK_LLAMA=1)
     local R="$W/results" c
-    measure_once sequence gpu-7b "$R/sequence-gpu-7b$SHAPE.json" benchmarks/device/sequences/gpu-7b-specbench-30.json
-    for c in gpu-7b gpu-0.5b gpu-1.5b; do measure_once mixed $c "$R/mixed-$c$SHAPE.json"; done
+    measure_once sequence gpu-7b "$R/sequence-gpu-7b$(shape).json" benchmarks/device/sequences/gpu-7b-specbench-30.json
+    for c in gpu-7b gpu-0.5b gpu-1.5b; do measure_once mixed $c "$R/mixed-$c$(shape).json"; done
 }
 
 stage_ab() {  # the engine on the 1.5B clone with stock and patched llama.cpp, interleaved on one
@@ -173,7 +174,7 @@ stage_ab() {  # the engine on the 1.5B clone with stock and patched llama.cpp, i
     for i in 1 2; do
         for kind in stock per-shape; do
             if [[ $kind == stock ]]; then cp "$W/stock/llama_cpp_python-$VERSION/$F" "$SRC/$F"
-            else python3 native/llama_cpp_patches.py "$SRC"; fi
+            else python3 native/llama_cpp_patches.py "$SRC" || return 1; fi
             run 40 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 || return 1
             run 30 python3 benchmarks/device/engine_modes.py "$W/models" "$R/engine-ab-$kind-$i.json" gpu-1.5b
         done
