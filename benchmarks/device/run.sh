@@ -118,17 +118,13 @@ sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=
 stage_curves() {
     local c
     for c in gpu-7b gpu-1.5b gpu-0.5b offload-7b cpu-0.5b cpu-1.5b cpu-7b offload-7b-no-op-offload; do
-        [[ -f "$W/results/curve-$c.json.done" ]] && continue
-        run 30 python3 benchmarks/device/measure.py curve "$c" "$W/models" "$W/results/curve-$c.json" \
-            && touch "$W/results/curve-$c.json.done"
+        curve_once "$c" "$W/results/curve-$c.json"
     done
 }
 
 stage_beside() {  # the 7B beside the drafter: 4 layers (today's plan) and 3 (beside a 256-sequence tree search)
     local c
-    for c in offload-7b-beside-drafter offload-7b-beside-tree-drafter; do
-        run 30 python3 benchmarks/device/measure.py curve "$c" "$W/models" "$W/results/curve-$c.json"
-    done
+    for c in offload-7b-beside-drafter offload-7b-beside-tree-drafter; do curve_once "$c" "$W/results/curve-$c.json"; done
 }
 
 # curve_once CONFIG OUT: a curve not measured yet on this machine (GGML_OP_OFFLOAD_MIN_BATCH from
