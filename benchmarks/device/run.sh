@@ -16,7 +16,8 @@ SRC="$W/src/llama_cpp_python-$VERSION"
 # STOCK_LLAMA=1 builds llama.cpp without edgespec's patches (native/llama_cpp_patches.py), as a
 # stock wheel has it. Graph measurements carry -per-shape when the source built has the patch.
 STOCK_LLAMA="${STOCK_LLAMA:-0}"
-CUDA_SRC="$SRC/vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
+CUDA_FILE="vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"  # in llama-cpp-python's source
+CUDA_SRC="$SRC/$CUDA_FILE"
 shape() { grep -q 'edgespec: graphs-per-shape$' "$CUDA_SRC" 2>/dev/null && echo -per-shape; }
 export PATH="/usr/local/cuda/bin:$PATH" LC_ALL=C PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export LLAMA_CPP_LIB_PATH="$W/lib" PYTHONPATH="$W/site:$ROOT"
@@ -165,11 +166,11 @@ stage_graphs() {  # a replay's target decodes timed in its order, and sizes in r
 
 stage_ab() {  # the engine on the 1.5B clone with stock and patched llama.cpp, interleaved on one
     # machine (a rebuild of ggml-cuda.cu between: ~14 s); the build is left patched
-    local F="vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu" R="$W/results" i kind
-    mkdir -p "$W/stock" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$W/stock" "llama_cpp_python-$VERSION/$F"
+    local R="$W/results" i kind
+    mkdir -p "$W/stock" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$W/stock" "llama_cpp_python-$VERSION/$CUDA_FILE"
     for i in 1 2; do
         for kind in stock per-shape; do
-            if [[ $kind == stock ]]; then cp "$W/stock/llama_cpp_python-$VERSION/$F" "$SRC/$F"
+            if [[ $kind == stock ]]; then cp "$W/stock/llama_cpp_python-$VERSION/$CUDA_FILE" "$CUDA_SRC"
             else python3 native/llama_cpp_patches.py "$SRC" || return 1; fi
             run 40 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 || return 1
             run 30 python3 benchmarks/device/engine_modes.py "$W/models" "$R/engine-ab-$kind-$i.json" gpu-1.5b

@@ -52,14 +52,13 @@ def book(sizes: dict[str, list[list[int]]], costs) -> dict[str, tuple[float, flo
     each prompt in a fresh ledger at the curve's context depth."""
     out = {}
     for key, prompts in sizes.items():
-        booked = curve = 0.0
+        decodes = []
         for p in prompts:
-            ledger = rp.Ledger(costs)
+            ledger = _Recorder(costs)
             for n in p:
                 ledger.target(n, 512)
-            booked += ledger.target_s
-            curve += sum(costs.verify(n, 512) for n in p)
-        out[key] = (booked, curve)
+            decodes += ledger.decodes
+        out[key] = (sum(s for _, s, _ in decodes), sum(c for _, _, c in decodes))
     return out
 
 
