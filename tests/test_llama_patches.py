@@ -120,3 +120,18 @@ def test_doctor_tells_the_patched_build_from_a_stock_one(monkeypatch):
     monkeypatch.setenv("GGML_CUDA_DISABLE_GRAPHS", "")  # llama.cpp reads any value, even empty
     assert cuda_graphs(patched) == "disabled"
     assert cuda_graphs("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |") is None
+
+
+def test_a_cuda_build_is_found_before_llama_cpp_loads_it(tmp_path, monkeypatch):
+    """edgespec imports onnxruntime before a CUDA llama.cpp (edgespec/llama/__init__.py): the
+    build is told from the libraries llama_cpp will load, its own or LLAMA_CPP_LIB_PATH's."""
+    from edgespec.llama import _cuda_build
+
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    own = Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib"
+    assert _cuda_build() == any(own.glob("libggml-cuda*"))
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))
+    (tmp_path / "libggml-cpu.so").touch()
+    assert not _cuda_build()
+    (tmp_path / "libggml-cuda.so").touch()
+    assert _cuda_build()

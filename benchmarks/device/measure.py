@@ -27,7 +27,7 @@ import os  # isort: skip
 # (edgespec.llama would set its own, 2, on import).
 os.environ.setdefault("GGML_OP_OFFLOAD_MIN_BATCH", "32")
 
-import llama_cpp  # noqa: F401  isort: skip
+import edgespec  # noqa: F401  isort: skip  (its import order of llama.cpp, numpy, onnxruntime)
 
 import json
 import logging
