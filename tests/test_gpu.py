@@ -159,6 +159,17 @@ def test_planned_vram_matches_what_cuda_allocates(mode, shape):
 
 
 @skip_without_gpu
+def test_the_cuda_build_keeps_a_graph_per_batch_shape():
+    """The llama.cpp this runs on carries edgespec's patch, as `make GPU=cuda` and run.sh build
+    it (native/llama_cpp_patches.py): a CUDA graph per batch shape, which doctor reports."""
+    from edgespec.llama.backend import system_info
+    from edgespec.llama.kernels import GRAPHS_PER_SHAPE
+
+    info = system_info()["system_info"]
+    assert f"{GRAPHS_PER_SHAPE} = 1" in info, f"a stock llama.cpp (make GPU=cuda builds the patched one): {info}"
+
+
+@skip_without_gpu
 @pytest.mark.parametrize("use_mmap", [True, False])
 def test_split_target_without_a_plan_is_pinned(use_mmap):
     """`--n-gpu-layers N` without a budget or placement follows the planner's rule for a split

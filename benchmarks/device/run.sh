@@ -2,6 +2,7 @@
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
 #   overlap trees gputests offload beside pinned pinned2 floor graphs big ab numpy diag
+#   make maketests (the Makefile's `make GPU=cuda` build, then the GPU tests on it)
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -70,6 +71,68 @@ stage_install() {
     mkdir -p "$W/site/llama_cpp/lib" && ln -sf "$W"/lib/lib*.so* "$W/site/llama_cpp/lib/"
     python3 -c 'import json, edgespec.llama.backend as b; print(json.dumps(b.system_info(), indent=1))' \
         > "$OUT/system_info.json" || fail "import edgespec.llama.backend"
+}
+
+# The README's switch, `make demo GPU=cuda`, on this machine: the Makefile's own CUDA recipe
+# into a venv. No registry is reached from here, so the recipe's first steps are stood in for
+# (a venv over the image's packages, edgespec installed without its dependencies, the carried
+# source archive in place of `pip download`, patched by the same script); the Makefile then
+# builds llama-cpp-python with CUDA as a user's machine would. Then doctor and a short run.
+stage_make() {
+    local v="$W/venv" src=build/llama-cpp-python t0=$SECONDS
+    local -a env_=(env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH PIP_NO_INDEX=1)
+    if [[ ! -f "$v/.installed-cuda" ]]; then
+        # the image's python3 is itself a venv: its packages reach the new one through a .pth
+        python3 -m venv "$v" && python3 -c 'import site; print(site.getsitepackages()[0])' \
+            > "$("$v/bin/python" -c 'import site; print(site.getsitepackages()[0])')/image.pth" \
+            && "${env_[@]}" "$v/bin/python" -m pip install -q --no-deps --no-build-isolation \
+            .device/wheels/diskcache-*.whl . || { fail "venv"; return 1; }
+        rm -rf "$src" && mkdir -p "$src" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$src"
+        "$v/bin/python" native/llama_cpp_patches.py "$src/llama_cpp_python-$VERSION/" \
+            || { fail "llama.cpp patches"; return 1; }
+        touch "$v/.installed" "$src/.patched"
+        t0=$SECONDS
+        run 240 "${env_[@]}" PIP_NO_BUILD_ISOLATION=0 make GPU=cuda VENV="$v" "$v/.installed-cuda" \
+            > "$W/make.log" 2>&1 || { tail -40 "$W/make.log"; fail "make GPU=cuda"; return 1; }
+        echo "make GPU=cuda built llama-cpp-python in $(( SECONDS - t0 )) s" | tee "$W/results/make.txt"
+    fi
+    [[ -f "$W/models/qwen1.5b.gguf" ]] || run 60 "${env_[@]}" "$v/bin/python" benchmarks/device/measure.py \
+        clones .device/headers "$W/models"
+    { "${env_[@]}" "$v/bin/edgespec" doctor
+      "${env_[@]}" "$v/bin/edgespec" plan --model "$W/models/qwen7b.gguf" --placement gpu
+      "${env_[@]}" "$v/bin/edgespec" run --model "$W/models/qwen1.5b.gguf" --placement gpu \
+          --draft-model "$W/models/qwen0.5b.gguf" --temperature 0 --max-tokens 32 --json "Hello"
+    } >> "$W/results/make.txt" 2>&1 || fail "edgespec from make GPU=cuda"
+    tail -60 "$W/results/make.txt"
+}
+
+# Which imports crash beside the llama.cpp stage_make built (doctor died importing onnxruntime
+# there), each in its own process, then a backtrace of the first order under cuda-gdb.
+stage_imports() {
+    local py=(env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH "$W/venv/bin/python" -P) c
+    for c in "import llama_cpp" "import onnxruntime" "import llama_cpp; import onnxruntime" \
+             "import onnxruntime; import llama_cpp" "import numpy; import llama_cpp; import onnxruntime" \
+             "import ctypes; ctypes.CDLL('libgomp.so.1', mode=ctypes.RTLD_GLOBAL); import llama_cpp; import onnxruntime"; do
+        echo "== $c"; timeout 60 "${py[@]}" -c "$c; print('ok')" 2>&1 | tail -3; echo "rc=${PIPESTATUS[0]}"
+    done >> "$W/results/make.txt"
+    { echo "== cuda-gdb: import llama_cpp; import onnxruntime"
+      timeout 180 env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH cuda-gdb -q -batch -ex run -ex bt -ex "info sharedlibrary" \
+          --args "$W/venv/bin/python" -P -c "import llama_cpp; import onnxruntime" 2>&1 | grep -v "^\[New Thread\|^\[Thread" | tail -120
+      echo "== ldd"; ldd "$W"/venv/lib/python3.12/site-packages/llama_cpp/lib/libggml-cpu.so \
+          "$(python3 -c 'import site; print(site.getsitepackages()[0])')"/onnxruntime/capi/onnxruntime_pybind11_state*.so
+    } >> "$W/results/make.txt" 2>&1
+    tail -150 "$W/results/make.txt"
+}
+
+# The GPU tests on what stage_make installed (-P: edgespec from the venv, not ./); MAKETESTS: a
+# few of them (pytest node ids, space-separated), by default all.
+stage_maketests() {
+    EDGESPEC_GPU_MODELS="$W/models" EDGESPEC_HOME="$W/home" run 60 env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH \
+        "$W/venv/bin/python" -P -c 'import edgespec, sys, pytest
+print("edgespec from", edgespec.__file__)
+sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=5", *sys.argv[1:]]))' \
+        ${MAKETESTS:-tests/test_gpu.py} > "$W/results/maketests.txt" 2>&1
+    tail -30 "$W/results/maketests.txt"
 }
 
 stage_clones() {
@@ -262,7 +325,7 @@ def load(pattern):
             d[os.path.basename(p)] = f"unreadable: {e}"
     return d
 for name, pattern in (("curves", "curve-*.json"), ("bench", "bench-*.json"), ("spec", "spec-*.txt"),
-                      ("engine", "engine-*.json"), ("mixed", "mixed-*.json"), ("sequence", "sequence-*.json"), ("diag", "*tests.txt"), ("numpy", "numpy.txt")):
+                      ("engine", "engine-*.json"), ("mixed", "mixed-*.json"), ("sequence", "sequence-*.json"), ("diag", "*tests.txt"), ("make", "make.txt"), ("numpy", "numpy.txt")):
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump(load(pattern), f, indent=1)
 PY
@@ -278,6 +341,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
+        make|maketests|imports) "stage_$s" ;;  # their own venv: not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done
