@@ -1,0 +1,100 @@
+"""What `gpu` would reach if llama.cpp's GPU costs changed: the held-out Spec-Bench sets replayed
+on a placement's measured costs, then on the same costs with one or two levers pulled.
+
+* graphs: no decode pays for a change of batch size (a graph kept per shape *and* no ggml graph
+  rebuilt on the CPU: what a cache of built graphs per ubatch would give);
+* columns F: a verification of 2-8 rows costs one row plus F times what mmvq charges today for
+  the rows beyond the first (F = 0.5: half the per-column cost, as a tensor-core kernel for
+  small batches might give).
+
+Nothing is tuned here: the policy is the shipped one, on the shipped replay.
+
+    .venv/bin/python benchmarks/replay/levers.py --placements gpu-7b,gpu-14b [--census]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from collections import Counter
+from dataclasses import replace
+
+from edgespec.bench import replay as rp
+from edgespec.bench.replay import CostModel, MachineCosts
+
+from heldout import speedup
+from simulate import load_costs, load_traces
+
+SETS = "specbench-30-test,specbench-30-test2,specbench-30-test3,specbench-30-test4"
+MMVQ_MAX_ROWS = 8  # llama.cpp's MMVQ_MAX_BATCH_SIZE: larger batches go to mmq
+
+
+def cheaper_columns(costs: MachineCosts, factor: float) -> MachineCosts:
+    """``costs`` with the target's 2..8-row verifications at one row plus ``factor`` of the rest."""
+    def scaled(c: CostModel) -> CostModel:
+        one = c.verify_s[0]
+        return CostModel(c.batch_sizes, tuple(one + (s - one) * (factor if 1 < n <= MMVQ_MAX_ROWS else 1.0)
+                                              for n, s in zip(c.batch_sizes, c.verify_s)))
+    return replace(costs, target=tuple((d, scaled(c)) for d, c in costs.target))
+
+
+def census(trace, config: str, costs: MachineCosts) -> str:
+    """How ``config``'s target decodes split by batch size, and how many paid a graph miss."""
+    ledgers = []
+
+    def ledger(c: MachineCosts) -> rp.Ledger:
+        ledgers.append(SizeLedger(c))
+        return ledgers[-1]
+    settings = rp.ReplaySettings(max_tokens=128, draft_max=63 if config.endswith(rp.TREE) else 32)
+    rp.replay(trace, [config], costs, settings, new_ledger=ledger)
+    mine = ledgers[1::2]  # plain's and config's runs alternate, plain first
+    sizes = Counter(n for led in mine for n in led.sizes)
+    big = sum(c for n, c in sizes.items() if n > 8)
+    return (f"{sum(sizes.values())} target decodes: " + ", ".join(f"{sizes[n]} of {n}" for n in range(1, 9))
+            + f", {big} larger; {sum(led.graph_misses[0] for led in mine)} paid a graph miss")
+
+
+class SizeLedger(rp.Ledger):
+    """A ledger that also keeps the size of every target decode."""
+
+    def __init__(self, costs: MachineCosts):
+        super().__init__(costs)
+        self.sizes: list[int] = []
+
+    def target(self, n: int, depth: int) -> None:
+        self.sizes.append(n)
+        super().target(n, depth)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--placements", default="gpu-7b")
+    ap.add_argument("--traces", default=SETS)
+    ap.add_argument("--configs", default="auto,auto-tree")
+    ap.add_argument("--columns", type=float, default=0.5, help="F: the 2-8 row cost beyond one row, scaled")
+    ap.add_argument("--node-ms", type=float, default=0.59)
+    ap.add_argument("--census", action="store_true", help="also: the shipped build's target decodes by size")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    traces = load_traces(args.traces)
+    configs = args.configs.split(",")
+    print("| placement | costs | " + " | ".join(args.traces.split(",")) + " |")
+    print("|---" * (len(traces) + 2) + "|")
+    for name in args.placements.split(","):
+        shipped = replace(load_costs(name, graphs="per-shape"), node_s=args.node_ms * 1e-3)
+        no_miss = replace(load_costs(name, graphs="none"), node_s=args.node_ms * 1e-3)
+        for label, costs in (("shipped build", shipped), ("no graph misses", no_miss),
+                             (f"2-8 rows x{args.columns:g}", cheaper_columns(shipped, args.columns)),
+                             ("both", cheaper_columns(no_miss, args.columns))):
+            cells = [" / ".join(f"{speedup(t, c, costs, [p.id for p in t.prompts], 128):.2f}x" for c in configs)
+                     for t in traces]
+            print(f"| {name} | {label} | " + " | ".join(cells) + " |")
+    if args.census:
+        for name in args.placements.split(","):
+            costs = replace(load_costs(name, graphs="per-shape"), node_s=args.node_ms * 1e-3)
+            for trace_name, trace in zip(args.traces.split(","), traces):
+                for config in configs:
+                    print(f"- {name}, {trace_name}, {config}: {census(trace, config, costs)}")
+
+
+if __name__ == "__main__":
+    main()
