@@ -124,14 +124,29 @@ def test_doctor_tells_the_patched_build_from_a_stock_one(monkeypatch):
 
 def test_a_cuda_build_is_found_before_llama_cpp_loads_it(tmp_path, monkeypatch):
     """edgespec imports onnxruntime before a CUDA llama.cpp (edgespec/llama/__init__.py): the
-    build is told from the libraries llama_cpp will load, its own or LLAMA_CPP_LIB_PATH's."""
+    build is told from the libraries llama_cpp will load, LLAMA_CPP_LIB_PATH's and its own."""
     from edgespec.llama import _cuda_build
 
-    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
     own = Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib"
-    assert _cuda_build() == any(own.glob("libggml-cuda*"))
+    cuda_here = any(own.glob("*ggml-cuda*"))
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    assert _cuda_build() == cuda_here
     monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))
     (tmp_path / "libggml-cpu.so").touch()
-    assert not _cuda_build()
+    assert _cuda_build() == cuda_here
     (tmp_path / "libggml-cuda.so").touch()
     assert _cuda_build()
+    monkeypatch.chdir(tmp_path)  # llama_cpp reads an empty path as the working directory
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", "")
+    assert _cuda_build()
+
+
+def test_onnxruntime_is_not_imported_after_llama_cpp(monkeypatch, caplog):
+    """Where llama_cpp came first, edgespec leaves onnxruntime alone and says why."""
+    import edgespec.llama as el
+
+    monkeypatch.delitem(sys.modules, "onnxruntime", raising=False)
+    with caplog.at_level("WARNING", logger="edgespec.llama"):
+        el._onnxruntime_first()
+    assert "onnxruntime" not in sys.modules
+    assert "import edgespec first" in caplog.text

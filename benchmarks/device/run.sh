@@ -2,7 +2,8 @@
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
 #   overlap trees gputests offload beside pinned pinned2 floor graphs big ab numpy diag
-#   make maketests (the Makefile's `make GPU=cuda` build, then the GPU tests on it)
+#   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
+#   which import orders of llama.cpp, numpy and onnxruntime crash beside it)
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -92,31 +93,41 @@ stage_make() {
             || { fail "llama.cpp patches"; return 1; }
         touch "$v/.installed" "$src/.patched"
         t0=$SECONDS
+        # PIP_NO_BUILD_ISOLATION=0 is pip's --no-build-isolation (its variable reads backwards)
         run 240 "${env_[@]}" PIP_NO_BUILD_ISOLATION=0 make GPU=cuda VENV="$v" "$v/.installed-cuda" \
             > "$W/make.log" 2>&1 || { tail -40 "$W/make.log"; fail "make GPU=cuda"; return 1; }
         echo "make GPU=cuda built llama-cpp-python in $(( SECONDS - t0 )) s" | tee "$W/results/make.txt"
     fi
     [[ -f "$W/models/qwen1.5b.gguf" ]] || run 60 "${env_[@]}" "$v/bin/python" benchmarks/device/measure.py \
         clones .device/headers "$W/models"
-    { "${env_[@]}" "$v/bin/edgespec" doctor
-      "${env_[@]}" "$v/bin/edgespec" plan --model "$W/models/qwen7b.gguf" --placement gpu
-      "${env_[@]}" "$v/bin/edgespec" run --model "$W/models/qwen1.5b.gguf" --placement gpu \
-          --draft-model "$W/models/qwen0.5b.gguf" --temperature 0 --max-tokens 32 --json "Hello"
-    } >> "$W/results/make.txt" 2>&1 || fail "edgespec from make GPU=cuda"
+    local es=("${env_[@]}" "$v/bin/edgespec")
+    { run 30 "${es[@]}" doctor || fail "edgespec doctor"
+      run 30 "${es[@]}" plan --model "$W/models/qwen7b.gguf" --placement gpu || fail "edgespec plan"
+      run 60 "${es[@]}" run --model "$W/models/qwen1.5b.gguf" --placement gpu --draft-model \
+          "$W/models/qwen0.5b.gguf" --temperature 0 --max-tokens 32 --json "Hello" || fail "edgespec run"
+    } >> "$W/results/make.txt" 2>&1
     tail -60 "$W/results/make.txt"
 }
 
 # Which imports crash beside the llama.cpp stage_make built (doctor died importing onnxruntime
-# there), each in its own process, then a backtrace of the first order under cuda-gdb.
+# there), each in its own process (a crash is the expected answer: its rc is printed, not a
+# failure), then a backtrace of the crashing order under cuda-gdb.
 stage_imports() {
+    [[ -x "$W/venv/bin/python" ]] || { fail "imports: no venv (run the make stage first)"; return 1; }
     local py=(env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH "$W/venv/bin/python" -P) c
     for c in "import llama_cpp" "import onnxruntime" "import llama_cpp; import onnxruntime" \
              "import onnxruntime; import llama_cpp" "import numpy; import llama_cpp; import onnxruntime" \
              "import ctypes; ctypes.CDLL('libgomp.so.1', mode=ctypes.RTLD_GLOBAL); import llama_cpp; import onnxruntime"; do
-        echo "== $c"; timeout 60 "${py[@]}" -c "$c; print('ok')" 2>&1 | tail -3; echo "rc=${PIPESTATUS[0]}"
+        echo "== $c"; timeout 30 "${py[@]}" -c "$c; print('ok')" 2>&1 | tail -3; echo "rc=${PIPESTATUS[0]}"
     done >> "$W/results/make.txt"
+    for c in lib:libnccl.so.2 lib:libcublasLt.so.13 lib:libcublas.so.13 lib:libcudart.so.13 lib:libcuda.so.1 \
+             lib:libgomp.so.1 lib:libggml-base.so.0 lib:libggml-cpu.so.0 lib:libggml-cuda.so.0 ort-first-load edgespec-onnx; do
+        echo "== imports.py $c"; timeout 30 "${py[@]}" benchmarks/device/imports.py "$c" "$W/models/qwen0.5b.gguf" 2>&1 \
+            | grep -v '^llama_\|^load\|^print_info\|^create_tensor\|^\.' | tail -3; echo "rc=${PIPESTATUS[0]}"
+    done >> "$W/results/make.txt"
+    command -v cuda-gdb > /dev/null || { fail "imports: no cuda-gdb for a backtrace"; return 0; }
     { echo "== cuda-gdb: import llama_cpp; import onnxruntime"
-      timeout 180 env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH cuda-gdb -q -batch -ex run -ex bt -ex "info sharedlibrary" \
+      run 60 env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH cuda-gdb -q -batch -ex run -ex bt -ex "info sharedlibrary" \
           --args "$W/venv/bin/python" -P -c "import llama_cpp; import onnxruntime" 2>&1 | grep -v "^\[New Thread\|^\[Thread" | tail -120
       echo "== ldd"; ldd "$W"/venv/lib/python3.12/site-packages/llama_cpp/lib/libggml-cpu.so \
           "$(python3 -c 'import site; print(site.getsitepackages()[0])')"/onnxruntime/capi/onnxruntime_pybind11_state*.so
@@ -170,9 +181,9 @@ stage_trees() {  # best-first model-tree steps: the search's costs, then the eng
 }
 
 stage_gputests() {  # tests marked gpu, on the clones
-    # edgespec first: the image's pytest (with its plugins) loads numpy before conftest does,
-    # and a process that loaded numpy before llama.cpp dies at its first model load here
-    # (RESULTS-gpu.md section 4; `python3 -m pytest` segfaulted on 2026-11-26)
+    # edgespec first: it orders llama.cpp, numpy and onnxruntime (edgespec/llama/__init__.py);
+    # the image's pytest (with its plugins) loads numpy before conftest does, and on 2026-11-26
+    # `python3 -m pytest` died at the first model load (RESULTS-gpu.md sections 4 and 19)
     EDGESPEC_GPU_MODELS="$W/models" EDGESPEC_HOME="$W/home" run 60 python3 -c 'import edgespec, sys, pytest
 sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=5", "tests/test_gpu.py"]))' \
         > "$W/results/gputests.txt" 2>&1

@@ -1,13 +1,17 @@
-"""What `gpu` would reach if llama.cpp's GPU costs changed: the held-out Spec-Bench sets replayed
-on a placement's measured costs, then on the same costs with one or two levers pulled.
+"""What `gpu` would reach if its costs changed: the held-out Spec-Bench sets replayed on a
+placement's measured costs, then on the same costs with levers pulled, alone and together.
 
-* graphs: no decode pays for a change of batch size (a graph kept per shape *and* no ggml graph
-  rebuilt on the CPU: what a cache of built graphs per ubatch would give);
+* graphs: no target or drafter decode pays for a change of batch size (a graph kept per shape
+  *and* no ggml graph rebuilt on the CPU: what a cache of built graphs per ubatch would give);
+  `auto`'s calibration still sees a size's first decodes without a graph, as it does today;
 * columns F: a verification of 2-8 rows costs one row plus F times what mmvq charges today for
   the rows beyond the first (F = 0.5: half the per-column cost, as a tensor-core kernel for
-  small batches might give).
+  small batches might give);
+* drafter D: every drafter decode costs D times the 0.5B's (D = 0.5: a drafter of half its
+  depth that agrees as well, which only training could give; its graph misses unchanged).
 
-Nothing is tuned here: the policy is the shipped one, on the shipped replay.
+Nothing is tuned here: the policy is the shipped one, on the shipped replay; it decides with
+the changed costs, as its calibration would measure them.
 
     .venv/bin/python benchmarks/replay/levers.py --placements gpu-7b,gpu-14b [--census]
 """
@@ -18,23 +22,38 @@ import logging
 from collections import Counter
 from dataclasses import replace
 
-from edgespec.bench import replay as rp
-from edgespec.bench.replay import CostModel, MachineCosts
-
 from heldout import speedup
 from simulate import load_costs, load_traces
+
+from edgespec.bench import replay as rp
+from edgespec.bench.replay import CostModel, MachineCosts
 
 SETS = "specbench-30-test,specbench-30-test2,specbench-30-test3,specbench-30-test4"
 MMVQ_MAX_ROWS = 8  # llama.cpp's MMVQ_MAX_BATCH_SIZE: larger batches go to mmq
 
 
 def cheaper_columns(costs: MachineCosts, factor: float) -> MachineCosts:
-    """``costs`` with the target's 2..8-row verifications at one row plus ``factor`` of the rest."""
+    """``costs`` with the target's 2..8-row verifications at one row plus ``factor`` of the rest;
+    9 rows and more (mmq) keep their cost, anchored at 9 so that no interpolation leaks the cut."""
     def scaled(c: CostModel) -> CostModel:
         one = c.verify_s[0]
-        return CostModel(c.batch_sizes, tuple(one + (s - one) * (factor if 1 < n <= MMVQ_MAX_ROWS else 1.0)
-                                              for n, s in zip(c.batch_sizes, c.verify_s)))
+        sizes = sorted({*c.batch_sizes, MMVQ_MAX_ROWS + 1})
+        return CostModel(tuple(sizes), tuple(
+            one + (c.verify(n) - one) * (factor if 1 < n <= MMVQ_MAX_ROWS else 1.0) for n in sizes))
     return replace(costs, target=tuple((d, scaled(c)) for d, c in costs.target))
+
+
+def cheaper_drafter(costs: MachineCosts, factor: float) -> MachineCosts:
+    """``costs`` with every drafter decode at ``factor`` of its cost (`auto` prices it so too)."""
+    if costs.drafter is None:
+        return costs
+    return replace(costs, drafter=replace(costs.drafter, verify_s=tuple(s * factor for s in costs.drafter.verify_s)))
+
+
+def no_graph_misses(costs: MachineCosts) -> MachineCosts:
+    """``costs`` without graph misses; the calibration's miss kept (a size's first decodes)."""
+    keep = costs.graph_miss_s[0] if costs.calibration_miss_s is None else costs.calibration_miss_s
+    return replace(costs, graph_miss_s=(0.0, 0.0), calibration_miss_s=keep)
 
 
 def census(trace, config: str, costs: MachineCosts) -> str:
@@ -71,6 +90,7 @@ def main() -> None:
     ap.add_argument("--traces", default=SETS)
     ap.add_argument("--configs", default="auto,auto-tree")
     ap.add_argument("--columns", type=float, default=0.5, help="F: the 2-8 row cost beyond one row, scaled")
+    ap.add_argument("--drafter", type=float, default=0.5, help="D: the drafter's decodes, scaled")
     ap.add_argument("--node-ms", type=float, default=0.59)
     ap.add_argument("--census", action="store_true", help="also: the shipped build's target decodes by size")
     args = ap.parse_args()
@@ -81,10 +101,13 @@ def main() -> None:
     print("|---" * (len(traces) + 2) + "|")
     for name in args.placements.split(","):
         shipped = replace(load_costs(name, graphs="per-shape"), node_s=args.node_ms * 1e-3)
-        no_miss = replace(load_costs(name, graphs="none"), node_s=args.node_ms * 1e-3)
+        no_miss = no_graph_misses(shipped)
+        cols, draft = f"2-8 rows x{args.columns:g}", f"drafter x{args.drafter:g}"
         for label, costs in (("shipped build", shipped), ("no graph misses", no_miss),
-                             (f"2-8 rows x{args.columns:g}", cheaper_columns(shipped, args.columns)),
-                             ("both", cheaper_columns(no_miss, args.columns))):
+                             (cols, cheaper_columns(shipped, args.columns)),
+                             (draft, cheaper_drafter(shipped, args.drafter)),
+                             ("no graph misses, " + cols, cheaper_columns(no_miss, args.columns)),
+                             ("all three", cheaper_drafter(cheaper_columns(no_miss, args.columns), args.drafter))):
             cells = [" / ".join(f"{speedup(t, c, costs, [p.id for p in t.prompts], 128):.2f}x" for c in configs)
                      for t in traces]
             print(f"| {name} | {label} | " + " | ".join(cells) + " |")

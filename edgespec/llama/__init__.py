@@ -15,22 +15,43 @@ numpy first did not crash
 import (~50 ms, ~20 MiB) for when an ONNX drafter is used.
 """
 import importlib.util
+import logging
 import os
+import sys
 from pathlib import Path
 
 from edgespec.llama.kernels import set_op_offload_min_batch  # no llama_cpp, no numpy
 
+log = logging.getLogger(__name__)
+
 
 def _cuda_build() -> bool:
-    """Whether the llama.cpp that llama_cpp will load has the CUDA backend (found without loading it)."""
-    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    """Whether the llama.cpp that llama_cpp will load has the CUDA backend, found without loading
+    it: in LLAMA_CPP_LIB_PATH (read as llama_cpp reads it: empty is the working directory) or in
+    the package's lib/ folder, which llama_cpp's ggml bindings load whatever the variable says."""
+    folders = []
+    if (override := os.environ.get("LLAMA_CPP_LIB_PATH")) is not None:
+        folders.append(Path(override))
     spec = importlib.util.find_spec("llama_cpp")
-    libs = Path(override) if override else Path(spec.origin).parent / "lib" if spec and spec.origin else None
-    return libs is not None and any(libs.glob("libggml-cuda*"))
+    if spec is not None and spec.origin:
+        folders.append(Path(spec.origin).parent / "lib")
+    return any(any(folder.glob("*ggml-cuda*")) for folder in folders)
 
 
-if _cuda_build() and importlib.util.find_spec("onnxruntime") is not None:
-    import onnxruntime  # noqa: F401  (before llama.cpp's CUDA library: see above)
+def _onnxruntime_first() -> None:
+    """Imports onnxruntime now, before llama.cpp's CUDA library (see above), where it can."""
+    if "llama_cpp" in sys.modules:
+        log.warning("llama_cpp was imported before edgespec: importing onnxruntime after a CUDA llama.cpp "
+                    "crashed on the GPU machine, so --draft onnx and doctor may crash here; import edgespec first")
+        return
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:  # reported where an ONNX drafter is asked for
+        log.debug("onnxruntime not importable: %s", exc)
+
+
+if _cuda_build():
+    _onnxruntime_first()
 
 # op offload's threshold, before llama.cpp's CUDA backend can register (edgespec.llama.kernels)
 OP_OFFLOAD_SET_BY_EDGESPEC = set_op_offload_min_batch()
