@@ -9,10 +9,9 @@ One library goes before it: onnxruntime, where llama.cpp is a CUDA build. On tha
 llama-cpp-python built by `make GPU=cuda`, importing onnxruntime after libggml-cuda was loaded
 died in onnxruntime's module initialisation (SIGSEGV; "free(): invalid pointer" with libggml-cuda
 alone preloaded), so `edgespec doctor` and `--draft onnx` crashed. onnxruntime (and the numpy it
-imports) first, then GPU model loads, the CLI and the GPU tests passed on that build, where
-numpy first did not crash
-(benchmarks/device/imports.py, RESULTS-gpu.md section 19). A CPU build keeps onnxruntime's
-import (~50 ms, ~20 MiB) for when an ONNX drafter is used.
+imports) first, then a GPU model load, doctor, the CLI and three GPU tests passed on that build:
+numpy first did not crash there (benchmarks/device/imports.py, RESULTS-gpu.md section 19). A CPU
+build keeps onnxruntime's import (~50 ms, ~20 MiB) for when an ONNX drafter is used.
 """
 import importlib.util
 import logging
