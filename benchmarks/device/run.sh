@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap trees gputests offload beside pinned pinned2 floor graphs big ab numpy diag
+#   overlap trees gputests offload beside pinned pinned2 floor graphs big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it)
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
@@ -144,6 +144,22 @@ print("edgespec from", edgespec.__file__)
 sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=5", *sys.argv[1:]]))' \
         ${MAKETESTS:-tests/test_gpu.py} > "$W/results/maketests.txt" 2>&1
     tail -30 "$W/results/maketests.txt"
+}
+
+# Where each placement's RAM goes, phase by phase, against its plan (ram.py; RESULTS-gpu.md
+# section 19: a GPU request's RSS was well above its plan). Named engine-ram-* so that collect
+# brings them back with the engine results.
+stage_ram() {
+    local m="$W/models" d=(--drafter "$W/models/qwen0.5b.gguf") c
+    for c in "gpu-1.5b gpu $m/qwen1.5b.gguf ${d[*]}" "gpu-7b gpu $m/qwen7b.gguf ${d[*]}" \
+             "offload-7b offload $m/qwen7b.gguf ${d[*]} --vram-budget 1744" "draft-gpu-7b draft-gpu $m/qwen7b.gguf ${d[*]}" \
+             "gpu-1.5b-suffix gpu $m/qwen1.5b.gguf"; do
+        set -- $c
+        local name=$1; shift
+        [[ -f "$W/results/engine-ram-$name.json" ]] && continue
+        run 60 python3 benchmarks/device/ram.py "$@" > "$W/results/engine-ram-$name.json.part" \
+            && mv "$W/results/engine-ram-$name.json.part" "$W/results/engine-ram-$name.json"
+    done
 }
 
 stage_clones() {
