@@ -23,6 +23,8 @@ CUDA_SRC="$SRC/$CUDA_FILE"
 shape() { grep -q 'edgespec: graphs-per-shape$' "$CUDA_SRC" 2>/dev/null && echo -per-shape; }
 export PATH="/usr/local/cuda/bin:$PATH" LC_ALL=C PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export LLAMA_CPP_LIB_PATH="$W/lib" PYTHONPATH="$W/site:$ROOT"
+# The make stages' own install (stage_make's venv), away from run.sh's build above
+OWN=(env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH)
 mkdir -p "$W/results" "$W/models" "$W/lib" "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 set -x
@@ -81,7 +83,7 @@ stage_install() {
 # builds llama-cpp-python with CUDA as a user's machine would. Then doctor and a short run.
 stage_make() {
     local v="$W/venv" src=build/llama-cpp-python t0=$SECONDS
-    local -a env_=(env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH PIP_NO_INDEX=1)
+    local -a env_=("${OWN[@]}" PIP_NO_INDEX=1)
     if [[ ! -f "$v/.installed-cuda" ]]; then
         # the image's python3 is itself a venv: its packages reach the new one through a .pth
         python3 -m venv "$v" && python3 -c 'import site; print(site.getsitepackages()[0])' \
@@ -114,20 +116,24 @@ stage_make() {
 # failure), then a backtrace of the crashing order under cuda-gdb.
 stage_imports() {
     [[ -x "$W/venv/bin/python" ]] || { fail "imports: no venv (run the make stage first)"; return 1; }
-    local py=(env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH "$W/venv/bin/python" -P) c
+    local py=("${OWN[@]}" "$W/venv/bin/python" -P) c
+    probe() {  # probe LABEL ARG...: the venv's python with ARG..., its last lines and its exit status
+        echo "== $1"; shift
+        timeout 30 "${py[@]}" "$@" 2>&1 | grep -v '^llama_\|^load\|^print_info\|^create_tensor\|^\.' | tail -3
+        echo "rc=${PIPESTATUS[0]}"
+    }
     for c in "import llama_cpp" "import onnxruntime" "import llama_cpp; import onnxruntime" \
              "import onnxruntime; import llama_cpp" "import numpy; import llama_cpp; import onnxruntime" \
              "import ctypes; ctypes.CDLL('libgomp.so.1', mode=ctypes.RTLD_GLOBAL); import llama_cpp; import onnxruntime"; do
-        echo "== $c"; timeout 30 "${py[@]}" -c "$c; print('ok')" 2>&1 | tail -3; echo "rc=${PIPESTATUS[0]}"
+        probe "$c" -c "$c; print('ok')"
     done >> "$W/results/make.txt"
     for c in lib:libnccl.so.2 lib:libcublasLt.so.13 lib:libcublas.so.13 lib:libcudart.so.13 lib:libcuda.so.1 \
              lib:libgomp.so.1 lib:libggml-base.so.0 lib:libggml-cpu.so.0 lib:libggml-cuda.so.0 ort-first-load edgespec-onnx; do
-        echo "== imports.py $c"; timeout 30 "${py[@]}" benchmarks/device/imports.py "$c" "$W/models/qwen0.5b.gguf" 2>&1 \
-            | grep -v '^llama_\|^load\|^print_info\|^create_tensor\|^\.' | tail -3; echo "rc=${PIPESTATUS[0]}"
+        probe "imports.py $c" benchmarks/device/imports.py "$c" "$W/models/qwen0.5b.gguf"
     done >> "$W/results/make.txt"
     command -v cuda-gdb > /dev/null || { fail "imports: no cuda-gdb for a backtrace"; return 0; }
     { echo "== cuda-gdb: import llama_cpp; import onnxruntime"
-      run 60 env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH cuda-gdb -q -batch -ex run -ex bt -ex "info sharedlibrary" \
+      run 60 "${OWN[@]}" cuda-gdb -q -batch -ex run -ex bt -ex "info sharedlibrary" \
           --args "$W/venv/bin/python" -P -c "import llama_cpp; import onnxruntime" 2>&1 | grep -v "^\[New Thread\|^\[Thread" | tail -120
       echo "== ldd"; ldd "$W"/venv/lib/python3.12/site-packages/llama_cpp/lib/libggml-cpu.so \
           "$(python3 -c 'import site; print(site.getsitepackages()[0])')"/onnxruntime/capi/onnxruntime_pybind11_state*.so
@@ -135,16 +141,9 @@ stage_imports() {
     tail -150 "$W/results/make.txt"
 }
 
-# The GPU tests on what stage_make installed (-P: edgespec from the venv, not ./); MAKETESTS: a
+# The GPU tests on what stage_make installed (-P: edgespec from the venv, not ./); GPU_TESTS: a
 # few of them (pytest node ids, space-separated), by default all.
-stage_maketests() {
-    EDGESPEC_GPU_MODELS="$W/models" EDGESPEC_HOME="$W/home" run 60 env -u PYTHONPATH -u LLAMA_CPP_LIB_PATH \
-        "$W/venv/bin/python" -P -c 'import edgespec, sys, pytest
-print("edgespec from", edgespec.__file__)
-sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=5", *sys.argv[1:]]))' \
-        ${MAKETESTS:-tests/test_gpu.py} > "$W/results/maketests.txt" 2>&1
-    tail -30 "$W/results/maketests.txt"
-}
+stage_maketests() { gpu_tests maketests.txt "${OWN[@]}" "$W/venv/bin/python" -P; }
 
 # Where each placement's RAM goes, phase by phase, against its plan (ram.py; RESULTS-gpu.md
 # section 19: a GPU request's RSS was well above its plan). Named engine-ram-* so that collect
@@ -196,14 +195,20 @@ stage_trees() {  # best-first model-tree steps: the search's costs, then the eng
     run 60 python3 benchmarks/device/tree_steps.py "$W/models" "$W/results/engine-trees.json"
 }
 
-stage_gputests() {  # tests marked gpu, on the clones
-    # edgespec first: it orders llama.cpp, numpy and onnxruntime (edgespec/llama/__init__.py);
-    # the image's pytest (with its plugins) loads numpy before conftest does, and on 2026-11-26
-    # `python3 -m pytest` died at the first model load (RESULTS-gpu.md sections 4 and 19)
-    EDGESPEC_GPU_MODELS="$W/models" EDGESPEC_HOME="$W/home" run 60 python3 -c 'import edgespec, sys, pytest
-sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=5", "tests/test_gpu.py"]))' \
-        > "$W/results/gputests.txt" 2>&1
-    tail -30 "$W/results/gputests.txt"
+stage_gputests() { gpu_tests gputests.txt python3; }  # tests marked gpu, on the clones
+
+# gpu_tests OUT PYTHON...: the tests marked gpu on the clones (GPU_TESTS, else tests/test_gpu.py)
+# under the interpreter PYTHON... names, into results/OUT. edgespec first: it orders llama.cpp,
+# numpy and onnxruntime (edgespec/llama/__init__.py); the image's pytest (with its plugins) loads
+# numpy before conftest does, and on 2026-11-26 `python3 -m pytest` died at the first model load
+# (RESULTS-gpu.md sections 4 and 19)
+gpu_tests() {
+    local out="$W/results/$1"; shift
+    EDGESPEC_GPU_MODELS="$W/models" EDGESPEC_HOME="$W/home" run 60 "$@" -c 'import edgespec, sys, pytest
+print("edgespec from", edgespec.__file__)
+sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--durations=5", *sys.argv[1:]]))' \
+        ${GPU_TESTS:-tests/test_gpu.py} > "$out" 2>&1
+    tail -30 "$out"
 }
 
 stage_curves() {
