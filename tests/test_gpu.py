@@ -186,3 +186,36 @@ def test_split_target_without_a_plan_is_pinned(use_mmap):
     buffers = reported_buffers(cap.lines)
     assert buffers.get("CUDA_Host model", 0) > 0 and "CPU_Mapped model" not in buffers, buffers
     assert all(len(tokens) == TOKENS for _, tokens, _ in answers)
+
+
+# A request in a fresh interpreter: resident memory is a property of the process, and this one
+# has loaded other models (tests/test_budget.py does the same on the CPU). edgespec first: it
+# orders llama.cpp, numpy and onnxruntime (edgespec/llama/__init__.py).
+RAM_RUN = """
+import edgespec, json, sys
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sampling import SamplingParams
+from edgespec.engine import Engine, EngineConfig
+mode, target, drafter, vram = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) or None
+cfg = EngineConfig(model=target, n_ctx=1024, placement=mode, vram_budget=vram, n_threads=8, draft="model",
+                   draft_model=drafter)
+with Engine(cfg) as engine:
+    req = GenerationRequest(max_tokens=48, ignore_eos=True, sampling=SamplingParams(temperature=0.0))
+    done = engine.chat([{"role": "user", "content": sys.argv[5]}], req)
+    plan = engine.placement.plan
+    print(json.dumps({"peak": done.stats.peak_rss_bytes, "plan_ram": plan.ram_bytes,
+                      "parts": {p.component: p.bytes for p in plan.parts if p.where == "RAM"}}))
+"""
+
+
+@skip_without_gpu
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_request_stays_within_the_planned_ram(mode):
+    """The plan's RAM holds a request's peak RSS on a GPU build, the CUDA runtime's host memory
+    included (planner.GPU_HOST_*), so a --ram-budget is a contract here as on a CPU build."""
+    proc = subprocess.run([sys.executable, "-c", RAM_RUN, mode, str(TARGET), str(DRAFTER), str(MODES[mode] or 0),
+                           PROMPTS[0]], check=False, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "GPU runtime (host)" in r["parts"], r
+    assert 0 < r["peak"] <= r["plan_ram"], r

@@ -168,7 +168,9 @@ def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7
     assert trees.vram_bytes <= third and trees.n_seq_max == 64
 
     # Under a tight RAM budget the longer shape (64 target rows of logits) would cost settings: chains stay.
-    tight = planner.make_plan(*pair, 500 * MiB, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB))
+    # (500 MiB for the models, beside the CUDA runtime's host memory with two contexts.)
+    runtime = planner.GPU_HOST_RUNTIME_BYTES + 2 * planner.GPU_HOST_PER_CONTEXT_BYTES
+    tight = planner.make_plan(*pair, 500 * MiB + runtime, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB))
     assert (tight.placement, tight.drafter_placement, tight.draft_max, tight.draft_tree) == ("gpu", "gpu", 32, False)
     assert "trees would cost n ubatch 128 instead of 512, suffix cap" in next(x.why for x in tight.decisions if x.name == "drafts")
     # A CPU target with no drafter model on the GPU verifies 64 rows at ~20 one-row steps: chains.

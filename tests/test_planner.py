@@ -431,6 +431,42 @@ def test_unified_memory_counts_gpu_bytes_against_ram(fp):
     assert "unified" in next(d.why for d in p.decisions if d.name == "vram_budget")
 
 
+def test_a_gpu_build_counts_its_runtime_in_ram(fp):
+    """The CUDA runtime's host memory is RAM on any machine whose build sees a GPU, whatever the
+    plan places there (the device query made it), with a backend per llama.cpp context; a CPU
+    build has none."""
+    t, dr = fp(TARGET), fp(DRAFTER)
+
+    def host(p: planner.Plan) -> int:
+        return sum(x.bytes for x in p.parts if x.component == "GPU runtime (host)")
+
+    assert host(planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=cpu_machine())) == 0
+    base, each = planner.GPU_HOST_RUNTIME_BYTES, planner.GPU_HOST_PER_CONTEXT_BYTES
+    for placement in ("gpu", "draft-gpu", "cpu"):
+        both = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB), placement=placement)
+        alone = planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB),
+                                  placement=placement)
+        assert both.drafter_placement != "none" and host(both) == base + 2 * each, placement
+        assert host(alone) == base + each, placement
+        assert both.ram_bytes == sum(x.bytes for x in both.parts if x.where == "RAM")
+
+
+def test_a_gpu_build_pins_the_compute_buffer_of_a_model_on_the_cpu(fp):
+    """llama.cpp gives a context's CPU compute buffer the GPU's host buffer type (pinned, all of
+    it resident) whenever the build sees a GPU: a model wholly on the CPU counts the whole
+    reservation there, and only the pages the engine touches on a CPU build."""
+    t = fp(TARGET)
+
+    def compute(p: planner.Plan) -> planner.Part:
+        return next(x for x in p.parts if x.component == "target compute buffer")
+
+    on_cpu_build = compute(planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=cpu_machine()))
+    beside_gpu = compute(planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB),
+                                           placement="cpu"))
+    assert beside_gpu.bytes > on_cpu_build.bytes and "pinned" in beside_gpu.note
+    assert "touches" in on_cpu_build.note
+
+
 def test_vram_budget_on_a_cpu_build_is_noted(fp):
     p = planner.make_plan(fp(SMALL), None, GiB, GiB, 2048, machine_info=cpu_machine())
     assert p.n_gpu_layers == 0 and any("--vram-budget ignored" in w for w in p.warnings)
