@@ -152,7 +152,8 @@ stage_ram() {
     local m="$W/models" d=(--drafter "$W/models/qwen0.5b.gguf") c
     for c in "gpu-1.5b gpu $m/qwen1.5b.gguf ${d[*]}" "gpu-7b gpu $m/qwen7b.gguf ${d[*]}" \
              "offload-7b offload $m/qwen7b.gguf ${d[*]} --vram-budget 1744" "draft-gpu-7b draft-gpu $m/qwen7b.gguf ${d[*]}" \
-             "gpu-1.5b-suffix gpu $m/qwen1.5b.gguf"; do
+             "gpu-1.5b-suffix gpu $m/qwen1.5b.gguf" "cpu-7b cpu $m/qwen7b.gguf" \
+             "cpu-7b-t2 cpu $m/qwen7b.gguf --threads 2" "draft-gpu-1.5b draft-gpu $m/qwen1.5b.gguf ${d[*]}"; do
         set -- $c
         local name=$1; shift
         [[ -f "$W/results/engine-ram-$name.json" ]] && continue
