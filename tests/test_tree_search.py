@@ -7,7 +7,8 @@ import heapq
 import numpy as np
 import pytest
 
-from edgespec.drafters.model import ModelDrafter
+from edgespec.decode.sampling import logsumexp
+from edgespec.drafters.model import ModelDrafter, greedy_draft
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.spec.tree_search import (
     Children,
@@ -15,6 +16,7 @@ from edgespec.spec.tree_search import (
     accepted_path,
     best_first,
     top_children,
+    top_ids,
 )
 from tests.fake_model import FakeContext, FakeModel
 
@@ -135,3 +137,18 @@ def test_a_search_holds_at_most_its_budget_of_nodes_so_it_needs_no_more_sequence
     assert got == sorted(path for _, path in brute_force_top(budget))
     kv.release()
     assert ctx.cells(0) == list(enumerate(CONTEXT)) and ctx.used_cells == base
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 40.0])  # flat (every token within 16 nats), a drafter's, peaked
+def test_top_ids_and_the_normaliser_agree_with_the_whole_row_in_float64(scale):
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        row = (rng.standard_normal(151936) * scale).astype(np.float32)
+        row[rng.integers(0, len(row), 50)] = -np.inf  # masked tokens
+        for k in (1, 8, 40):
+            assert set(top_ids(row, k)) == set(np.argsort(-row.astype(np.float64), kind="stable")[:k])
+        x = row.astype(np.float64)
+        want = x.max() + np.log(np.exp(x - x.max()).sum())
+        assert abs(logsumexp(row) - want) < 1e-6
+        token, logp = greedy_draft(row)
+        assert token == int(np.argmax(row)) and abs(logp - (x[token] - want)) < 1e-6

@@ -18,12 +18,20 @@ longest common prefix of what it holds and the current context, and decodes only
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, sample_from, target_probs
+from edgespec.decode.sampling import (
+    SamplingParams,
+    greedy_token,
+    logsumexp,
+    recent_window,
+    sample_from,
+    target_probs,
+)
 from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.tree_kv import PathKV
@@ -48,9 +56,14 @@ SEQUENCES = MAX_TREE_NODES + 1
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
+    """A whole row's log-probabilities in float64 (the recorders'; drafting reads two entries)."""
+    return x.astype(np.float64) - logsumexp(x)
+
+
+def greedy_draft(logits: np.ndarray) -> tuple[int, float]:
+    """The drafter's greedy token and its log-probability, without a row of log-probabilities."""
+    token = int(np.argmax(logits))
+    return token, float(logits[token]) - logsumexp(logits)
 
 
 def drafts_tree(own: bool, asked: bool | None, params: SamplingParams) -> bool:
@@ -87,9 +100,8 @@ def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params:
             q_ids.append(ids)
             q_probs.append(q[ids])
         else:
-            lp = log_softmax(logits)
-            token = int(np.argmax(lp))
-            confidence = float(np.exp(lp[token]))
+            token, logp = greedy_draft(logits)
+            confidence = math.exp(logp)
             if confidence < min_confidence:
                 break
             confidences.append(confidence)

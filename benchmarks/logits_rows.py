@@ -1,0 +1,92 @@
+"""What a drafter's Python costs per row of logits: the greedy pick (token and confidence) and a
+tree node's children (top 8 and their log-probabilities), on rows of the real 0.5B drafter, as
+drafting computes them now (sampling.logsumexp: exponentials in float32, summed in float64)
+against the whole row in float64 (what drafting did before), interleaved in one process.
+
+    .venv/bin/python benchmarks/logits_rows.py [--model qwen2.5-coder-0.5b] [--rows 64]
+
+A row's cost is per drafted token (chains) or per expanded node (trees), beside the drafter's
+decode: 1.26 ms for the 0.5B on an H100 or H200 (RESULTS-gpu.md sections 18 and 20).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from edgespec.drafters.model import greedy_draft
+from edgespec.files.store import ModelStore
+from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
+from edgespec.spec.tree_search import top_children
+
+PROMPT = "def merge(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"
+
+
+def float64_pick(row: np.ndarray) -> tuple[int, float]:
+    x = row.astype(np.float64)
+    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+    t = int(np.argmax(lp))
+    return t, float(lp[t])
+
+
+def float64_children(row: np.ndarray, branch: int = 8) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    ids = np.argpartition(row, len(row) - branch)[len(row) - branch:]
+    x = row.astype(np.float64)
+    m = x.max()
+    lp = (x[ids] - m) - np.log(np.exp(x - m).sum())
+    order = np.lexsort((ids, -lp))
+    return tuple(int(i) for i in ids[order]), tuple(float(v) for v in lp[order])
+
+
+def rows_of(model: str, n: int) -> list[np.ndarray]:
+    """``n`` logits rows of a greedy continuation of PROMPT by ``model``."""
+    m = LlamaModel(ModelStore().resolve(model), ModelParams())
+    ctx = LlamaContext(m, ContextParams(n_ctx=512, n_batch=512, n_ubatch=512))
+    tokens = m.tokenize(PROMPT)
+    row = ctx.decode_rows(tokens, range(len(tokens)), [[0]] * len(tokens), [False] * (len(tokens) - 1) + [True])(
+        len(tokens) - 1)
+    out = []
+    for i in range(n):
+        out.append(row)
+        t = int(np.argmax(row))
+        row = ctx.decode_rows([t], [len(tokens) + i], [[0]], [True])(0)
+    return out
+
+
+def timed(fn, rows: list[np.ndarray], repeats: int = 5) -> float:
+    """Median ms a row over ``repeats`` passes over the rows."""
+    per = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for r in rows:
+            fn(r)
+        per.append((time.perf_counter() - t0) * 1e3 / len(rows))
+    return statistics.median(per)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--rows", type=int, default=64)
+    args = ap.parse_args()
+    rows = rows_of(args.model, args.rows)
+    agree_pick = max(abs(greedy_draft(r)[1] - float64_pick(r)[1]) for r in rows)
+    same_pick = all(greedy_draft(r)[0] == float64_pick(r)[0] for r in rows)
+    news = [top_children(r, 8) for r in rows]
+    olds = [float64_children(r) for r in rows]
+    same_children = all(n.ids == o[0] for n, o in zip(news, olds))
+    agree_children = max(abs(a - b) for n, o in zip(news, olds) for a, b in zip(n.logps, o[1]))
+    out = {"rows": len(rows), "vocab": len(rows[0]), "ms_per_row": {}}
+    for _ in range(2):  # interleaved: each pair timed twice, the second kept
+        out["ms_per_row"] = {"pick float64": timed(float64_pick, rows), "pick now": timed(greedy_draft, rows),
+                             "children float64": timed(float64_children, rows),
+                             "children now": timed(lambda r: top_children(r, 8), rows)}
+    out.update(same_tokens=same_pick and same_children, max_logp_difference=max(agree_pick, agree_children))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
