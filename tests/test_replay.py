@@ -148,7 +148,25 @@ def test_replayed_record_prices_the_ledger(trace):
     assert p.finish == "stop" and plain.steps == plain.gen_tokens and plain.gen_s == pytest.approx(decodes * 2.25)
 
 
-def test_shared_drafter_cache_carries_over_like_one_drafter_model(trace):
+def test_replay_books_every_greedy_pick_of_a_real_chain_at_its_price(trace, monkeypatch):
+    """A chain's Python (MachineCosts.pick_s) is booked once for each greedy pick the real
+    drafter makes: one per drafted token, and the pick that ends a chain."""
+    from edgespec.drafters import model as dm
+
+    picks = []
+    greedy_draft = dm.greedy_draft
+    monkeypatch.setattr(dm, "greedy_draft", lambda row: picks.append(1) or greedy_draft(row))
+    priced = dataclasses.replace(UNIT, pick_s=0.125)
+    for p in trace.prompts:
+        picks.clear()
+        real_run("model", list(p.prompt))
+        _, free = rp.run_replay(p, "model", UNIT, SETTINGS)
+        _, ledger = rp.run_replay(p, "model", priced, SETTINGS)
+        assert len(picks) > 0 and ledger.picks_booked == len(picks)
+        assert ledger.drafter_s == pytest.approx(free.drafter_s + 0.125 * len(picks))
+
+
+
     p = trace.prompts[1]
     cache: list[int] = []
     _, first = rp.run_replay(p, "model", UNIT, SETTINGS, cache)

@@ -49,7 +49,7 @@ from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.auto.select import pays
 from edgespec.drafters.hybrid import HybridDrafter
-from edgespec.drafters.model import TREE_SIZES, log_softmax
+from edgespec.drafters.model import TREE_SIZES, greedy_draft, log_softmax
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
 
@@ -218,7 +218,9 @@ class MachineCosts:
     ``policy``: the CostModel the auto drafter decides with (its calibration on that machine);
     default: the target curve nearest 512 tokens of context and the drafter's one-token cost.
     ``step_s``: Python-side seconds every step adds beyond its decodes; ``node_s``: Python-side
-    seconds per tree node a best-first search expands (its children's log-probabilities).
+    seconds per tree node a best-first search expands (its children's log-probabilities);
+    ``pick_s``: Python-side seconds per greedy pick of a drafted chain (a token and its
+    confidence from a row: drafters.model.greedy_draft), one more than the chain decodes.
     ``graph_miss_s``: (target, drafter) seconds a decode costs beyond its curve when it cannot
     replay its context's CUDA graph. The curves repeat one batch size, so their decodes replay
     one; llama.cpp keeps one graph per context and replays it only for a batch shaped like the
@@ -239,6 +241,7 @@ class MachineCosts:
     policy: CostModel | None = None
     step_s: float = 0.0
     node_s: float = 0.0
+    pick_s: float = 0.0
     graph_miss_s: tuple[float, float] = (0.0, 0.0)
     graphs_per_shape: bool = False
     calibration_miss_s: float | None = None
@@ -282,6 +285,7 @@ class Ledger:
         self.target_decodes = 0  # steps, the EOG step of a plain answer included
         self.drafter_rows = 0
         self.drafter_decodes = 0
+        self.picks_booked = 0  # greedy picks of drafted chains (MachineCosts.pick_s)
         self.hidden_s = 0.0  # drafter seconds spent while the target verified (overlap)
         self.graph_misses = [0, 0]  # (target, drafter) decodes that could not replay a CUDA graph
         self._shapes: list[tuple[int, ...]] = [(), ()]  # each context's last two batch sizes
@@ -310,6 +314,11 @@ class Ledger:
         self.drafter_s += self.costs.draft(n) + expanded * self.costs.node_s + self._graph_miss(1, n)
         self.drafter_rows += n
         self.drafter_decodes += 1
+
+    def picks(self, n: int) -> None:
+        """``n`` greedy picks of a drafted chain, in Python beside its decodes."""
+        self.drafter_s += n * self.costs.pick_s
+        self.picks_booked += n
 
 
 def costs_from_json(obj: dict, name: str = "") -> MachineCosts:
@@ -503,6 +512,7 @@ class TraceChainDrafter:
         self.cache.extend(tokens[:decoded])
         for _ in range(decoded):
             self.ledger.drafter(1)
+        self.ledger.picks(decoded + 1)  # the first reads the catch-up's row
         return DraftTree.chain(tokens, self.name, scores=np.cumprod(confidences))
 
     def guess(self, context: Sequence[int]) -> int:
@@ -760,13 +770,12 @@ def _free_runs(ctx, base: int, misses: dict[int, int], min_confidence: float,
             rows = ctx.decode([state[s][0] for s in seqs], [state[s][1] for s in seqs], [[s] for s in seqs],
                               [True] * len(seqs))
             for s, row in zip(seqs, rows):
-                lp = log_softmax(row)
-                t = int(np.argmax(lp))
+                t, lp = greedy_draft(row)
                 st = state[s]
-                if np.exp(lp[t]) >= min_confidence and len(st[2]) < cap:
+                if np.exp(lp) >= min_confidence and len(st[2]) < cap:
                     st[0], st[1] = t, st[1] + 1
-                    st[2].append(float(lp[t]))
-                if np.exp(lp[t]) < min_confidence or len(st[2]) >= cap:
+                    st[2].append(lp)
+                if np.exp(lp) < min_confidence or len(st[2]) >= cap:
                     runs[st[3]] = tuple(st[2])
                     del state[s]
     finally:
