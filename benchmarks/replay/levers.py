@@ -91,7 +91,8 @@ def main() -> None:
     ap.add_argument("--configs", default="auto,auto-tree")
     ap.add_argument("--columns", type=float, default=0.5, help="F: the 2-8 row cost beyond one row, scaled")
     ap.add_argument("--drafter", type=float, default=0.5, help="D: the drafter's decodes, scaled")
-    ap.add_argument("--node-ms", type=float, default=0.59)
+    ap.add_argument("--node-ms", type=float, default=0.35, help="a tree node's Python (python_rows.py)")
+    ap.add_argument("--pick-ms", type=float, default=0.21, help="a chain's greedy pick in Python (python_rows.py)")
     ap.add_argument("--census", action="store_true", help="also: the shipped build's target decodes by size")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -100,7 +101,7 @@ def main() -> None:
     print("| placement | costs | " + " | ".join(args.traces.split(",")) + " |")
     print("|---" * (len(traces) + 2) + "|")
     for name in args.placements.split(","):
-        shipped = replace(load_costs(name, graphs="per-shape"), node_s=args.node_ms * 1e-3)
+        shipped = replace(load_costs(name, graphs="per-shape"), node_s=args.node_ms * 1e-3, pick_s=args.pick_ms * 1e-3)
         no_miss = no_graph_misses(shipped)
         cols, draft = f"2-8 rows x{args.columns:g}", f"drafter x{args.drafter:g}"
         for label, costs in (("shipped build", shipped), ("no graph misses", no_miss),
@@ -113,7 +114,7 @@ def main() -> None:
             print(f"| {name} | {label} | " + " | ".join(cells) + " |")
     if args.census:
         for name in args.placements.split(","):
-            costs = replace(load_costs(name, graphs="per-shape"), node_s=args.node_ms * 1e-3)
+            costs = replace(load_costs(name, graphs="per-shape"), node_s=args.node_ms * 1e-3, pick_s=args.pick_ms * 1e-3)
             for trace_name, trace in zip(args.traces.split(","), traces):
                 for config in configs:
                     print(f"- {name}, {trace_name}, {config}: {census(trace, config, costs)}")
