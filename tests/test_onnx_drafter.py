@@ -180,6 +180,7 @@ def test_sampled_drafts_record_the_draft_distribution(drafter, prompts):
     context = prompts[0][:80]
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
     drafts = []
+    drafter.cached.clear()
     for _ in range(2):
         drafter.begin(context, params, np.random.default_rng(3))
         drafts.append(drafter.propose(context, 6))
@@ -187,6 +188,8 @@ def test_sampled_drafts_record_the_draft_distribution(drafter, prompts):
     assert a.stochastic and len(a) >= 1 and np.array_equal(a.tokens, b.tokens)  # seeded
     for i, token in enumerate(a.tokens):
         assert token in a.q_ids[i] and abs(a.q_probs[i].sum() - 1) < 1e-9
+    drafter.cached.clear()  # the context's logits from one pass, as the first draft read them:
+    # after a rollback the last token is decoded alone, and ONNX's numerics differ by ~5%
     q0 = target_probs(drafter.sync(context), params, np.zeros(0, np.int64))
     assert np.array_equal(np.flatnonzero(q0), a.q_ids[0]) and np.allclose(q0[a.q_ids[0]], a.q_probs[0])
 
