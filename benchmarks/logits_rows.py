@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from edgespec.drafters.model import greedy_draft
+from edgespec.decode.sampling import greedy_logprob
 from edgespec.files.store import ModelStore
 from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
 from edgespec.spec.tree_search import top_children
@@ -73,15 +73,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     args = ap.parse_args()
     rows = rows_of(args.model, args.rows)
-    agree_pick = max(abs(greedy_draft(r)[1] - float64_pick(r)[1]) for r in rows)
-    same_pick = all(greedy_draft(r)[0] == float64_pick(r)[0] for r in rows)
+    agree_pick = max(abs(greedy_logprob(r)[1] - float64_pick(r)[1]) for r in rows)
+    same_pick = all(greedy_logprob(r)[0] == float64_pick(r)[0] for r in rows)
     news = [top_children(r, 8) for r in rows]
     olds = [float64_children(r) for r in rows]
     same_children = all(n.ids == o[0] for n, o in zip(news, olds))
     agree_children = max(abs(a - b) for n, o in zip(news, olds) for a, b in zip(n.logps, o[1]))
     out = {"rows": len(rows), "vocab": len(rows[0]), "ms_per_row": {}}
     for _ in range(2):  # interleaved: each pair timed twice, the second kept
-        out["ms_per_row"] = {"pick float64": timed(float64_pick, rows), "pick now": timed(greedy_draft, rows),
+        out["ms_per_row"] = {"pick float64": timed(float64_pick, rows), "pick now": timed(greedy_logprob, rows),
                              "children float64": timed(float64_children, rows),
                              "children now": timed(lambda r: top_children(r, 8), rows)}
     out.update(same_tokens=same_pick and same_children, max_logp_difference=max(agree_pick, agree_children))

@@ -154,8 +154,8 @@ def test_replay_books_every_greedy_pick_of_a_real_chain_at_its_price(trace, monk
     from edgespec.drafters import model as dm
 
     picks = []
-    greedy_draft = dm.greedy_draft
-    monkeypatch.setattr(dm, "greedy_draft", lambda row: picks.append(1) or greedy_draft(row))
+    greedy_logprob = dm.greedy_logprob
+    monkeypatch.setattr(dm, "greedy_logprob", lambda row: picks.append(1) or greedy_logprob(row))
     priced = dataclasses.replace(UNIT, pick_s=0.125)
     for p in trace.prompts:
         picks.clear()

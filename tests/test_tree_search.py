@@ -7,8 +7,8 @@ import heapq
 import numpy as np
 import pytest
 
-from edgespec.decode.sampling import logsumexp
-from edgespec.drafters.model import ModelDrafter, greedy_draft
+from edgespec.decode.sampling import greedy_logprob, logsumexp
+from edgespec.drafters.model import ModelDrafter
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.spec.tree_search import (
     Children,
@@ -150,5 +150,5 @@ def test_top_ids_and_the_normaliser_agree_with_the_whole_row_in_float64(scale):
         x = row.astype(np.float64)
         want = x.max() + np.log(np.exp(x - x.max()).sum())
         assert abs(logsumexp(row) - want) < 1e-6
-        token, logp = greedy_draft(row)
+        token, logp = greedy_logprob(row)
         assert token == int(np.argmax(row)) and abs(logp - (x[token] - want)) < 1e-6

@@ -41,7 +41,7 @@ from edgespec.bench.summary import PLAIN, Record, summarize
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
-from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.sampling import SamplingParams, greedy_logprob
 from edgespec.decode.tokens import common_prefix
 from edgespec.drafters import suffix_drafter
 from edgespec.drafters.auto.drafter import AutoDrafter
@@ -49,7 +49,7 @@ from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.auto.select import pays
 from edgespec.drafters.hybrid import HybridDrafter
-from edgespec.drafters.model import TREE_SIZES, greedy_draft, log_softmax
+from edgespec.drafters.model import TREE_SIZES, log_softmax
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
 
@@ -220,7 +220,8 @@ class MachineCosts:
     ``step_s``: Python-side seconds every step adds beyond its decodes; ``node_s``: Python-side
     seconds per tree node a best-first search expands (its children's log-probabilities);
     ``pick_s``: Python-side seconds per greedy pick of a drafted chain (a token and its
-    confidence from a row: drafters.model.greedy_draft), one more than the chain decodes.
+    confidence from a row: decode.sampling.greedy_logprob), one more than the chain decodes;
+    `auto`'s calibration times it with a drafted token.
     ``graph_miss_s``: (target, drafter) seconds a decode costs beyond its curve when it cannot
     replay its context's CUDA graph. The curves repeat one batch size, so their decodes replay
     one; llama.cpp keeps one graph per context and replays it only for a batch shaped like the
@@ -259,13 +260,14 @@ class MachineCosts:
     def policy_model(self) -> CostModel:
         """What `auto`'s calibration would measure here: its timings repeat a size twice and keep
         the faster, so on a GPU a batch of n > 1 (its first decode and the graph's capture) is
-        priced without the graph, and one token (timed after a warm-up) and a drafted token with it."""
+        priced without the graph, and one token (timed after a warm-up) and a drafted token with it,
+        a drafted token with its pick."""
         if self.policy is not None:
             return self.policy
         _, curve = min(self.target, key=lambda dc: abs(dc[0] - 512))
         miss = self.graph_miss_s[0] if self.calibration_miss_s is None else self.calibration_miss_s
         verify_s = tuple(s + (miss if n > 1 else 0.0) for n, s in zip(curve.batch_sizes, curve.verify_s))
-        return CostModel(curve.batch_sizes, verify_s, self.draft(1) if self.drafter else 0.0)
+        return CostModel(curve.batch_sizes, verify_s, self.draft(1) + self.pick_s if self.drafter else 0.0)
 
 
 def curve(points: dict[int, float], scale: float = 1.0) -> CostModel:
@@ -770,7 +772,7 @@ def _free_runs(ctx, base: int, misses: dict[int, int], min_confidence: float,
             rows = ctx.decode([state[s][0] for s in seqs], [state[s][1] for s in seqs], [[s] for s in seqs],
                               [True] * len(seqs))
             for s, row in zip(seqs, rows):
-                t, lp = greedy_draft(row)
+                t, lp = greedy_logprob(row)
                 st = state[s]
                 if np.exp(lp) >= min_confidence and len(st[2]) < cap:
                     st[0], st[1] = t, st[1] + 1

@@ -26,6 +26,7 @@ import numpy as np
 
 from edgespec.decode.sampling import (
     SamplingParams,
+    greedy_logprob,
     greedy_token,
     logsumexp,
     recent_window,
@@ -59,11 +60,6 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     """A whole row's log-probabilities in float64 (the recorders'; drafting reads two entries)."""
     return x.astype(np.float64) - logsumexp(x)
 
-
-def greedy_draft(logits: np.ndarray) -> tuple[int, float]:
-    """The drafter's greedy token and its log-probability, without a row of log-probabilities."""
-    token = int(np.argmax(logits))
-    return token, float(logits[token]) - logsumexp(logits)
 
 
 def drafts_tree(own: bool, asked: bool | None, params: SamplingParams) -> bool:
@@ -100,7 +96,7 @@ def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params:
             q_ids.append(ids)
             q_probs.append(q[ids])
         else:
-            token, logp = greedy_draft(logits)
+            token, logp = greedy_logprob(logits)
             confidence = math.exp(logp)
             if confidence < min_confidence:
                 break

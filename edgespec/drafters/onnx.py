@@ -20,7 +20,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window
+from edgespec.decode.sampling import (
+    SamplingParams,
+    greedy_logprob,
+    greedy_token,
+    recent_window,
+)
 from edgespec.decode.tokens import fast_common_prefix
 from edgespec.drafters.model import MAX_EXPANSIONS, Stop, draft_chain, drafts_tree
 from edgespec.onnx.session import MASKED, OnnxLM
@@ -168,13 +173,14 @@ class OnnxDrafter:
 
 
 def measure_onnx_token(drafter: OnnxDrafter, repeats: int = 3) -> float:
-    """Seconds per drafted token (one-token passes after a short context), the fastest of a few:
-    other load on a shared machine only ever adds time."""
+    """Seconds per drafted token (a one-token pass after a short context and the greedy pick of
+    its row, as a chain pays them), the fastest of a few: other load on a shared machine only
+    ever adds time."""
     drafter.sync([0] * 8)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        drafter.append(0)
+        greedy_logprob(drafter.append(0))
         times.append(time.perf_counter() - t0)
     drafter.cached.clear()  # forgetting is rollback: the next propose decodes its own context
     return min(times)

@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from edgespec.decode.sampling import greedy_logprob
 from edgespec.llama import invariant
 from edgespec.llama.backend import LlamaContext, ModelParams
 from edgespec.drafters.auto.policy import CostModel
@@ -37,7 +38,7 @@ REPEATS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
 CONTEXT_TOKENS = 512
-VERSION = "v3"  # bump when what is measured changes: older cached calibrations are ignored
+VERSION = "v4"  # bump when what is measured changes: older cached calibrations are ignored
 
 
 def sizes_up_to(largest: int | None) -> tuple[int, ...]:
@@ -108,11 +109,21 @@ def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...
 
 
 def measure_draft_token(ctx: LlamaContext) -> float:
-    """Seconds per drafted token of a model drafter (one-token decodes)."""
+    """Seconds per drafted token of a model drafter: a one-token decode and the greedy pick of
+    its row (sampling.greedy_logprob), as a chain pays them. The pick is a sixth of the 0.5B's
+    token on a GPU (0.21 against 1.26 ms; RESULTS-gpu.md section 20)."""
     token = ctx.model.tokenize(" the", add_special=False)[0]
     seq = ctx.n_seq_max - 1
     time_batch(ctx, 1, seq, token)
-    return time_batch(ctx, 1, seq, token)
+    decode_s = time_batch(ctx, 1, seq, token)
+    row = ctx.decode([token], [0], [[seq]], [True])[0]
+    ctx.seq_rm(seq, 0, -1)
+    picks = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        greedy_logprob(row)
+        picks.append(time.perf_counter() - t0)
+    return decode_s + min(picks)
 
 
 def _read(path: Path) -> dict | None:
