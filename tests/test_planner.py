@@ -44,6 +44,11 @@ def gpu_machine(free: int, unified: bool = False, **kw) -> planner.MachineInfo:
     return cpu_machine(gpu_offload=True, gpus=(gpu,), unified_memory=unified, **kw)
 
 
+# Apple silicon as llama.cpp reports it: one pool, a backend whose host memory no one has measured
+METAL = cpu_machine(gpu_offload=True, unified_memory=True,
+                    gpus=(planner.GPUDevice("Metal", "Apple M2", "gpu", 12 * GiB, 16 * GiB),))
+
+
 @pytest.fixture(scope="module")
 def fp(model_path):
     cache = {}
@@ -432,15 +437,16 @@ def test_unified_memory_counts_gpu_bytes_against_ram(fp):
 
 
 def test_a_gpu_build_counts_its_runtime_in_ram(fp):
-    """The CUDA runtime's host memory is RAM on any machine whose build sees a GPU, whatever the
-    plan places there (the device query made it), with a backend per llama.cpp context; a CPU
-    build has none."""
+    """The CUDA runtime's host memory is RAM on any machine whose build sees a CUDA GPU, whatever
+    the plan places there (the device query made it), with a backend per llama.cpp context; a
+    CPU build has none, and other backends are not counted (not measured)."""
     t, dr = fp(TARGET), fp(DRAFTER)
 
     def host(p: planner.Plan) -> int:
         return sum(x.bytes for x in p.parts if x.component == "GPU runtime (host)")
 
     assert host(planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=cpu_machine())) == 0
+    assert host(planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=METAL)) == 0  # not measured
     base, each = planner.GPU_HOST_RUNTIME_BYTES, planner.GPU_HOST_PER_CONTEXT_BYTES
     for placement in ("gpu", "draft-gpu", "cpu"):
         both = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB), placement=placement)
@@ -451,20 +457,24 @@ def test_a_gpu_build_counts_its_runtime_in_ram(fp):
         assert both.ram_bytes == sum(x.bytes for x in both.parts if x.where == "RAM")
 
 
-def test_a_gpu_build_pins_the_compute_buffer_of_a_model_on_the_cpu(fp):
-    """llama.cpp gives a context's CPU compute buffer the GPU's host buffer type (pinned, all of
-    it resident) whenever the build sees a GPU: a model wholly on the CPU counts the whole
-    reservation there, and only the pages the engine touches on a CPU build."""
+def test_a_cuda_build_pins_the_compute_buffer_of_a_model_on_the_cpu(fp, monkeypatch):
+    """llama.cpp gives a context's CPU compute buffer the GPU's host buffer type whenever the
+    build sees a GPU; CUDA pins it, all of it resident: a model wholly on the CPU counts the whole
+    reservation there (a unified board too), and only the pages the engine touches on a CPU
+    build, under GGML_CUDA_NO_PINNED, or beside a GPU no one has measured (Metal)."""
     t = fp(TARGET)
 
-    def compute(p: planner.Plan) -> planner.Part:
+    def compute(m: planner.MachineInfo) -> planner.Part:
+        p = planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=m, placement="cpu")
         return next(x for x in p.parts if x.component == "target compute buffer")
 
-    on_cpu_build = compute(planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=cpu_machine()))
-    beside_gpu = compute(planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB),
-                                           placement="cpu"))
-    assert beside_gpu.bytes > on_cpu_build.bytes and "pinned" in beside_gpu.note
-    assert "touches" in on_cpu_build.note
+    touched = compute(cpu_machine())
+    assert "touches" in touched.note
+    for m in (gpu_machine(16 * GiB), gpu_machine(4 * GiB, unified=True)):
+        assert compute(m).bytes > touched.bytes and "pinned" in compute(m).note
+    assert compute(METAL).bytes == touched.bytes
+    monkeypatch.setenv("GGML_CUDA_NO_PINNED", "1")
+    assert compute(gpu_machine(16 * GiB)).bytes == touched.bytes
 
 
 def test_vram_budget_on_a_cpu_build_is_noted(fp):

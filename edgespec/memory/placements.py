@@ -118,6 +118,18 @@ def check_available(name: str, m: MachineInfo) -> PlacementMode:
     return p
 
 
+def cuda(m: MachineInfo) -> bool:
+    """Whether this build offloads to a CUDA GPU (the one backend whose host memory edgespec has
+    measured: the planner's GPU_HOST_* parts)."""
+    return m.gpu_offload and any(g.name.startswith("CUDA") for g in m.gpus)
+
+
+def cuda_pins(m: MachineInfo) -> bool:
+    """Whether CUDA's host buffers here are pinned: llama.cpp's host buffer type, unless
+    GGML_CUDA_NO_PINNED tells CUDA not to pin."""
+    return cuda(m) and not os.environ.get("GGML_CUDA_NO_PINNED")
+
+
 def pins_split_target(n_gpu_layers: int, n_layer: int, m: MachineInfo) -> bool:
     """Whether a target with ``n_gpu_layers`` GPU layers and blocks left on the CPU reads them
     into pinned host buffers instead of mapping them: op offload copies every CPU-resident
@@ -125,8 +137,7 @@ def pins_split_target(n_gpu_layers: int, n_layer: int, m: MachineInfo) -> bool:
     driver's staging of mapped pages, 5x faster on an H100 (benchmarks/RESULTS-gpu.md section
     16). CUDA only (the one backend measured), and not where CUDA is told not to pin
     (GGML_CUDA_NO_PINNED) or on unified memory (an integrated GPU reads host memory in place)."""
-    cuda = any(g.name.startswith("CUDA") for g in m.gpus) and not os.environ.get("GGML_CUDA_NO_PINNED")
-    return m.gpu_offload and cuda and not m.unified_memory and 0 < n_gpu_layers <= n_layer
+    return cuda_pins(m) and not m.unified_memory and 0 < n_gpu_layers <= n_layer
 
 
 def unplanned_target(n_gpu_layers: int, n_layer: int, m: MachineInfo, use_mmap: bool) -> tuple[bool, bool]:

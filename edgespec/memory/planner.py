@@ -34,11 +34,14 @@ UBATCH_CHOICES = (512, 256, 128, 64)
 DEFAULT_CTX = 4096              # EngineConfig.n_ctx
 PROCESS_BASE_BYTES = 64 * MiB   # Python, numpy, llama.cpp libraries before any model (CLI: ~51)
 GPU_RUNTIME_BYTES = 256 * MiB   # CUDA/Metal context and library workspaces (assumed)
-# What a GPU build's runtime keeps in RAM beyond PROCESS_BASE_BYTES, measured on an H200 with
+# What a CUDA build's runtime keeps in RAM beyond PROCESS_BASE_BYTES, measured on an H200 with
 # CUDA 13 (benchmarks/device/ram.py, RESULTS-gpu.md section 20): the driver and libraries once
-# llama.cpp's device query has made the CUDA context (323 MiB RSS against a CPU build's 46),
-# then each llama.cpp context's CUDA backend, which a context makes for the build's GPUs even
-# when its model's layers all stay on the CPU (+50 MiB for the first, +52 for the second).
+# llama.cpp's device query has made the CUDA context (323 MiB RSS against a CPU build's 46;
+# onnxruntime, imported first on a CUDA build, included), then each llama.cpp context's CUDA
+# backend, which a context makes for the build's GPUs even when its model's layers all stay on
+# the CPU (+50 MiB for the first, +52 for the second). Host memory, apart from the device-side
+# GPU_RUNTIME_BYTES; on a unified board both come out of the one pool. Other backends: not
+# measured, not counted.
 GPU_HOST_RUNTIME_BYTES = 280 * MiB
 GPU_HOST_PER_CONTEXT_BYTES = 56 * MiB
 
@@ -319,8 +322,21 @@ class _Planner:
         cpu_kv = cf.n_cells * fp.kv_bytes_per_token(cf.kv_type, cpu_blocks)
         parts.append(Part(f"{label} KV cache", "RAM", cpu_kv,
                           f"{cf.kv_type}, {cf.n_cells} cells x {n_cpu_blocks} layers"))
-        pinned = k == 0 and bool(self.m.gpus)
-        if pinned:  # a GPU build's CPU compute buffer is pinned host memory, resident in full
+        parts.append(self._compute_part(fp, cf, k, n_cpu_blocks, label))
+        parts.append(Part(f"{label} work buffer", "RAM", cf.work_bytes if (k == 0 or n_cpu_blocks) else MiB,
+                          "quantized activations for the CPU kernels"))
+        parts.append(Part(f"{label} logits buffer", "RAM", cf.output_bytes,
+                          f"{max(cf.n_seq, cf.n_outputs)} rows x {fp.n_vocab} floats"))
+        return parts, use_mmap, bool(rp), rp, file_bytes
+
+    def _compute_part(self, fp: ModelFootprint, cf: ContextFootprint, k: int, n_cpu_blocks: int,
+                      label: str) -> Part:
+        """The CPU compute buffer of a model with k layers on the GPU. llama.cpp gives it the
+        GPU's host buffer type when the model has a GPU device, even with no layer there; on
+        CUDA that memory is pinned, so all of the reservation is resident, where a CPU build
+        faults in only what the engine touches (RESULTS-gpu.md section 20)."""
+        pinned = k == 0 and placements.cuda_pins(self.m)
+        if pinned:
             compute = cf.compute_reserved
         elif k == 0:
             compute = cf.compute_bytes
@@ -328,15 +344,9 @@ class _Planner:
             compute = cf.compute_layer
         else:
             compute = 8 * cf.n_ubatch * fp.n_embd  # the input embeddings only
-        parts.append(Part(f"{label} compute buffer", "RAM", compute,
-                          f"n_ubatch {cf.n_ubatch}; llama.cpp reserves {fmt_bytes(cf.compute_reserved)}"
-                          f" for {cf.n_outputs_max} logits rows, " + ("pinned by the GPU build (CUDA_Host), all resident"
-                                                                       if pinned else "the engine touches this much")))
-        parts.append(Part(f"{label} work buffer", "RAM", cf.work_bytes if (k == 0 or n_cpu_blocks) else MiB,
-                          "quantized activations for the CPU kernels"))
-        parts.append(Part(f"{label} logits buffer", "RAM", cf.output_bytes,
-                          f"{max(cf.n_seq, cf.n_outputs)} rows x {fp.n_vocab} floats"))
-        return parts, use_mmap, bool(rp), rp, file_bytes
+        how = "pinned by CUDA (CUDA_Host), all resident" if pinned else "the engine touches this much"
+        return Part(f"{label} compute buffer", "RAM", compute, f"n_ubatch {cf.n_ubatch}; llama.cpp reserves "
+                    f"{fmt_bytes(cf.compute_reserved)} for {cf.n_outputs_max} logits rows, {how}")
 
     # -- one configuration ----------------------------------------------------------------------
     def _target_layers(self, cfg: _Cfg, tc: ContextFootprint, drafter_vram: int) -> int:
@@ -379,11 +389,11 @@ class _Planner:
                 parts.append(Part("drafter on GPU", gname, dvram, "all layers, KV cache and compute buffer"))
             dparts, d_mmap, d_repack, _, _ = self._model_ram(self.d, dc, dngl, True, cfg.repack, "drafter")
             parts += dparts
-        if self.m.gpus:  # the device query made the runtime, whatever this plan places on the GPU
+        if placements.cuda(self.m):  # the device query made the runtime, whatever this plan places on the GPU
             n_contexts = 1 + (dc is not None)
-            parts.append(Part("GPU runtime (host)", "RAM", GPU_HOST_RUNTIME_BYTES + n_contexts * GPU_HOST_PER_CONTEXT_BYTES,
-                              f"the driver's and libraries' host memory, + {fmt_bytes(GPU_HOST_PER_CONTEXT_BYTES)} "
-                              f"for each of {n_contexts} llama.cpp context(s)"))
+            host = GPU_HOST_RUNTIME_BYTES + n_contexts * GPU_HOST_PER_CONTEXT_BYTES
+            parts.append(Part("GPU runtime (host)", "RAM", host, f"the CUDA driver's and libraries' host memory, + "
+                              f"{fmt_bytes(GPU_HOST_PER_CONTEXT_BYTES)} for each of {n_contexts} llama.cpp context(s)"))
         if cfg.suffix_cap:
             parts.append(Part("suffix index", "RAM", SUFFIX_BYTES_PER_TOKEN * (cfg.suffix_cap + cfg.n_ctx),
                               f"history cap {cfg.suffix_cap} tokens + the current context, "
