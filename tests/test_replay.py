@@ -166,7 +166,7 @@ def test_replay_books_every_greedy_pick_of_a_real_chain_at_its_price(trace, monk
         assert ledger.drafter_s == pytest.approx(free.drafter_s + 0.125 * len(picks))
 
 
-
+def test_shared_drafter_cache_carries_over_like_one_drafter_model(trace):
     p = trace.prompts[1]
     cache: list[int] = []
     _, first = rp.run_replay(p, "model", UNIT, SETTINGS, cache)

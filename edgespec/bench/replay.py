@@ -41,7 +41,7 @@ from edgespec.bench.summary import PLAIN, Record, summarize
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
-from edgespec.decode.sampling import SamplingParams, greedy_logprob
+from edgespec.decode.sampling import SamplingParams, greedy_logprob, log_softmax
 from edgespec.decode.tokens import common_prefix
 from edgespec.drafters import suffix_drafter
 from edgespec.drafters.auto.drafter import AutoDrafter
@@ -49,7 +49,7 @@ from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.auto.select import pays
 from edgespec.drafters.hybrid import HybridDrafter
-from edgespec.drafters.model import TREE_SIZES, log_softmax
+from edgespec.drafters.model import TREE_SIZES
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
 
@@ -260,8 +260,8 @@ class MachineCosts:
     def policy_model(self) -> CostModel:
         """What `auto`'s calibration would measure here: its timings repeat a size twice and keep
         the faster, so on a GPU a batch of n > 1 (its first decode and the graph's capture) is
-        priced without the graph, and one token (timed after a warm-up) and a drafted token with it,
-        a drafted token with its pick."""
+        priced without the graph, and one token (timed after a warm-up) and a drafted token with it;
+        a drafted token includes its greedy pick (``pick_s``)."""
         if self.policy is not None:
             return self.policy
         _, curve = min(self.target, key=lambda dc: abs(dc[0] - 512))

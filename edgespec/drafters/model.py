@@ -28,7 +28,6 @@ from edgespec.decode.sampling import (
     SamplingParams,
     greedy_logprob,
     greedy_token,
-    logsumexp,
     recent_window,
     sample_from,
     target_probs,
@@ -54,12 +53,6 @@ TREE_SIZES = (3, 7, 15, 31, 63)  # the sizes a tree policy chooses from (edgespe
 # every unexpanded top node went each round (tree_search's band).
 MAX_EXPANSIONS = 255
 SEQUENCES = MAX_TREE_NODES + 1
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """A whole row's log-probabilities in float64 (the recorders'; drafting reads two entries)."""
-    return x.astype(np.float64) - logsumexp(x)
-
 
 
 def drafts_tree(own: bool, asked: bool | None, params: SamplingParams) -> bool:
@@ -98,7 +91,7 @@ def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params:
         else:
             token, logp = greedy_logprob(logits)
             confidence = math.exp(logp)
-            if confidence < min_confidence:
+            if not confidence >= min_confidence:  # NaN too: a row with no finite logit
                 break
             confidences.append(confidence)
         tokens.append(token)

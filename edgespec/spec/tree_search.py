@@ -44,14 +44,15 @@ class Children:
 
 
 # Top-k candidates within this many nats of a row's best logit, widest last: a drafter's rows
-# are peaked (the 0.5B's: a median of 16 tokens within 16 nats, 88 within 20), so selecting
-# among them skips a partition of the whole vocabulary, 0.21 ms of a 152k row on the dev VM.
+# are peaked (the 0.5B's: a median of 16 tokens within 16 nats; benchmarks/results/logits-rows.json),
+# so selecting among them skips a partition of the whole vocabulary (0.21 ms a 152k row on the dev VM).
 TOP_WIDTHS = (16.0, 32.0)
 
 
 def top_ids(row: np.ndarray, k: int) -> np.ndarray:
-    """The ids of ``row``'s ``k`` largest entries, in no order (which of equal entries at the
-    boundary is arbitrary, as with a partition of the whole row)."""
+    """The ids of ``row``'s ``k`` largest entries (all of them if it has fewer), in no order
+    (which of equal entries at the boundary is arbitrary, as with a partition of the row)."""
+    k = min(k, len(row))
     m = row.max()
     for width in TOP_WIDTHS:
         near = np.flatnonzero(row >= m - width)
@@ -63,10 +64,11 @@ def top_ids(row: np.ndarray, k: int) -> np.ndarray:
 def top_children(logits: np.ndarray, branch: int) -> Children:
     """The ``branch`` best tokens of a logits row and their log-probabilities, best first, ties
     by id (within the chosen set). Only the chosen entries are normalised, but the normaliser
-    (sampling.logsumexp) reads the whole row: a node costs 0.2-0.25 ms of Python on the dev VM
-    (benchmarks/logits_rows.py), beside the 0.5B's 1.26 ms decode on an H100 or H200."""
+    (sampling.logsumexp) reads the whole row: a node costs 0.34-0.37 ms of Python on the dev VM,
+    0.60 ms in float64 throughout (benchmarks/results/logits-rows.json), beside the 0.5B's
+    1.26 ms decode on an H100 or H200."""
     row = np.asarray(logits)
-    ids = top_ids(row, min(branch, len(row)))
+    ids = top_ids(row, branch)
     lp = row[ids].astype(np.float64) - logsumexp(row)
     order = np.lexsort((ids, -lp))
     return Children(tuple(int(i) for i in ids[order]), tuple(float(v) for v in lp[order]))
