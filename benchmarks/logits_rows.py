@@ -3,7 +3,12 @@ tree node's children (top 8 and their log-probabilities), on rows of the real 0.
 drafting computes them now (sampling.logsumexp: exponentials in float32, summed in float64)
 against the whole row in float64 (what drafting did before), interleaved in one process.
 
-    .venv/bin/python benchmarks/logits_rows.py [--model qwen2.5-coder-0.5b] [--rows 64]
+    .venv/bin/python benchmarks/logits_rows.py [--model qwen2.5-coder-0.5b] [--rows 64] [--save F.npy]
+    python3 benchmarks/logits_rows.py --load F.npy      # rows saved here, timed on another CPU
+
+``--load`` needs no model and no llama.cpp build: on the GPU machine, before any build, run it
+with an empty ``llama_cpp`` module standing in for the package edgespec imports first (run.sh
+``rows`` stage), to time the rows on the CPU that drives the GPU there.
 
 A row's cost is per drafted token (chains) or per expanded node (trees), beside the drafter's
 decode: 1.26 ms for the 0.5B on an H100 or H200 (RESULTS-gpu.md sections 18 and 20).
@@ -18,8 +23,6 @@ import time
 import numpy as np
 
 from edgespec.decode.sampling import greedy_logprob
-from edgespec.files.store import ModelStore
-from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
 from edgespec.spec.tree_search import top_children
 
 PROMPT = "def merge(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"
@@ -43,6 +46,14 @@ def float64_children(row: np.ndarray, branch: int = 8) -> tuple[tuple[int, ...],
 
 def rows_of(model: str, n: int) -> list[np.ndarray]:
     """``n`` logits rows of a greedy continuation of PROMPT by ``model``."""
+    from edgespec.files.store import ModelStore
+    from edgespec.llama.backend import (
+        ContextParams,
+        LlamaContext,
+        LlamaModel,
+        ModelParams,
+    )
+
     m = LlamaModel(ModelStore().resolve(model), ModelParams())
     ctx = LlamaContext(m, ContextParams(n_ctx=512, n_batch=512, n_ubatch=512))
     tokens = m.tokenize(PROMPT)
@@ -71,8 +82,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--save", help="also save the rows (.npy)")
+    ap.add_argument("--load", help="time rows saved by --save instead of decoding")
     args = ap.parse_args()
-    rows = rows_of(args.model, args.rows)
+    rows = list(np.load(args.load)) if args.load else rows_of(args.model, args.rows)
+    if args.save:
+        np.save(args.save, np.stack(rows))
     agree_pick = max(abs(greedy_logprob(r)[1] - float64_pick(r)[1]) for r in rows)
     same_pick = all(greedy_logprob(r)[0] == float64_pick(r)[0] for r in rows)
     news = [top_children(r, 8) for r in rows]
@@ -84,7 +99,9 @@ def main() -> None:
         out["ms_per_row"] = {"pick float64": timed(float64_pick, rows), "pick now": timed(greedy_logprob, rows),
                              "children float64": timed(float64_children, rows),
                              "children now": timed(lambda r: top_children(r, 8), rows)}
-    out.update(same_tokens=same_pick and same_children, max_logp_difference=max(agree_pick, agree_children))
+    near = {w: statistics.median(int((r >= r.max() - w).sum()) for r in rows) for w in (16, 20, 32)}
+    out.update(same_tokens=same_pick and same_children, max_logp_difference=max(agree_pick, agree_children),
+               median_tokens_within_nats=near)
     print(json.dumps(out, indent=1))
 
 

@@ -3,7 +3,8 @@
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
 #   overlap trees gputests offload beside pinned pinned2 floor graphs big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
-#   which import orders of llama.cpp, numpy and onnxruntime crash beside it)
+#   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
+#   the drafter's Python per logits row on this CPU, no build needed)
 # Idempotent within one machine (work in /tmp/es): a stage whose output exists is skipped,
 # so a second call on the still-warm machine goes on where the first stopped.  Never stops
 # at a failing step: failures are listed in $OUT/failures.txt.  BUDGET_S (default 560)
@@ -160,6 +161,19 @@ stage_ram() {
         run 60 python3 benchmarks/device/ram.py "$@" > "$W/results/engine-ram-$name.json.part" \
             && mv "$W/results/engine-ram-$name.json.part" "$W/results/engine-ram-$name.json"
     done
+}
+
+# The drafter's Python per logits row on this machine's CPU, before any build: rows of the real
+# 0.5B saved on the development VM (ROWS=, `logits_rows.py --save`), timed by logits_rows.py with
+# an empty llama_cpp module in place of the package edgespec imports first (nothing here uses it)
+stage_rows() {
+    [[ -f "${ROWS:-}" ]] || { fail "rows: ROWS names no file"; return 1; }
+    run 30 python3 -c 'import importlib.machinery, runpy, sys, types
+stub = types.ModuleType("llama_cpp"); stub.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)
+sys.modules["llama_cpp"] = stub
+sys.argv = ["logits_rows.py", "--load", sys.argv[1]]
+runpy.run_path("benchmarks/logits_rows.py", run_name="__main__")' "$ROWS" > "$W/results/engine-rows.json"
+    cat "$W/results/engine-rows.json"
 }
 
 stage_clones() {

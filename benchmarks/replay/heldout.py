@@ -34,6 +34,12 @@ def speedup(trace, config: str, costs, ids, max_tokens: int | None = None) -> fl
     return overall(trace, config, costs, ids, max_tokens)["speedup"]
 
 
+def speedup_cell(trace, configs, costs, max_tokens: int | None = None) -> str:
+    """A table cell, "1.33x / 1.32x": each config's speedup on all of ``trace``'s prompts."""
+    ids = [p.id for p in trace.prompts]
+    return " / ".join(f"{speedup(trace, c, costs, ids, max_tokens):.2f}x" for c in configs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", required=True)

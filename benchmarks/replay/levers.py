@@ -22,7 +22,7 @@ import logging
 from collections import Counter
 from dataclasses import replace
 
-from heldout import speedup
+from heldout import speedup_cell
 from simulate import load_costs, load_traces
 
 from edgespec.bench import replay as rp
@@ -91,8 +91,8 @@ def main() -> None:
     ap.add_argument("--configs", default="auto,auto-tree")
     ap.add_argument("--columns", type=float, default=0.5, help="F: the 2-8 row cost beyond one row, scaled")
     ap.add_argument("--drafter", type=float, default=0.5, help="D: the drafter's decodes, scaled")
-    ap.add_argument("--node-ms", type=float, default=0.35, help="a tree node's Python (python_rows.py)")
-    ap.add_argument("--pick-ms", type=float, default=0.21, help="a chain's greedy pick in Python (python_rows.py)")
+    ap.add_argument("--node-ms", type=float, default=0.35, help="a tree node's Python (benchmarks/results/logits-rows.json)")
+    ap.add_argument("--pick-ms", type=float, default=0.21, help="a chain's greedy pick in Python (benchmarks/results/logits-rows.json)")
     ap.add_argument("--census", action="store_true", help="also: the shipped build's target decodes by size")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -109,8 +109,7 @@ def main() -> None:
                              (draft, cheaper_drafter(shipped, args.drafter)),
                              ("no graph misses, " + cols, cheaper_columns(no_miss, args.columns)),
                              ("all three", cheaper_drafter(cheaper_columns(no_miss, args.columns), args.drafter))):
-            cells = [" / ".join(f"{speedup(t, c, costs, [p.id for p in t.prompts], 128):.2f}x" for c in configs)
-                     for t in traces]
+            cells = [speedup_cell(t, configs, costs, 128) for t in traces]
             print(f"| {name} | {label} | " + " | ".join(cells) + " |")
     if args.census:
         for name in args.placements.split(","):
