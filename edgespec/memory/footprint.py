@@ -32,9 +32,9 @@ smollm2-135m and gemma3-270m; ``tests/test_planner.py`` checks them against llam
   allows ``n_outputs_max = n_batch`` rows of logits, so 512 rows x V floats are reserved
   (302.75 MiB for the 1.5B target) although prefill asks for one row and verification for at
   most ``draft_max + 1``. On a CPU build untouched pages of that reservation are never
-  resident; the plan budgets the touched part and reports the reserved one. A build that sees a
-  GPU gives the CPU's compute buffer the GPU's pinned host buffer type, resident in full, so a
-  model wholly on the CPU there is budgeted at the reservation (edgespec.memory.planner).
+  resident; the plan budgets the touched part and reports the reserved one. A CUDA build gives
+  the CPU's compute buffer CUDA's pinned host buffer type (unless GGML_CUDA_NO_PINNED), resident
+  in full, so a model wholly on the CPU there is budgeted at the reservation (planner._compute_part).
 * **Output buffer**: ``max(n_seq_max, rows per decode) x V x 4`` bytes (llama.cpp grows it to
   the largest batch of logits requested; verification asks for ``draft_max + 1`` rows).
 * **Runtime**: llama.cpp's vocabulary and the GGUF metadata edgespec keeps, about 243 bytes per
