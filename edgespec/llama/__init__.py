@@ -10,7 +10,8 @@ llama-cpp-python built by `make GPU=cuda`, importing onnxruntime after libggml-c
 died in onnxruntime's module initialisation (SIGSEGV; "free(): invalid pointer" with libggml-cuda
 alone preloaded), so `edgespec doctor` and `--draft onnx` crashed. onnxruntime (and the numpy it
 imports) first, then a GPU model load, doctor, the CLI and three GPU tests passed on that build:
-numpy first did not crash there (benchmarks/device/imports.py, RESULTS-gpu.md section 19). A CPU
+numpy first did not crash there (benchmarks/device/imports.py, RESULTS-gpu.md section 19), nor
+on run.sh's own build, where the 36 GPU tests passed this way (section 20). A CPU
 build keeps onnxruntime's import (~50 ms, ~20 MiB) for when an ONNX drafter is used.
 """
 import importlib.util
