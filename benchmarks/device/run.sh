@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   overlap trees gputests offload beside pinned pinned2 floor graphs big ab numpy diag ram
+#   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
 #   the drafter's Python per logits row on this CPU, no build needed)
@@ -256,6 +256,17 @@ stage_floor() {  # target and drafter wholly on the GPU: concurrent graph branch
         measure_once mixed $c "$R/mixed-$c.json"
         GGML_CUDA_GRAPH_OPT=1 measure_once mixed $c "$R/mixed-$c-graphopt.json"
     done
+}
+
+stage_graphopt() {  # concurrent graph branches (GGML_CUDA_GRAPH_OPT=1) with a graph per batch
+    # shape, interleaved with the same measurements without them on this machine
+    local R="$W/results" c seq=benchmarks/device/sequences/gpu-7b-specbench-30.json
+    for c in gpu-0.5b gpu-7b; do
+        measure_once mixed $c "$R/mixed-$c$(shape)-again.json"
+        GGML_CUDA_GRAPH_OPT=1 measure_once mixed $c "$R/mixed-$c$(shape)-graphopt.json"
+    done
+    measure_once sequence gpu-7b "$R/sequence-gpu-7b$(shape)-again.json" $seq
+    GGML_CUDA_GRAPH_OPT=1 measure_once sequence gpu-7b "$R/sequence-gpu-7b$(shape)-graphopt.json" $seq
 }
 
 stage_big() {  # targets wholly on the GPU slow enough for the 0.5B drafter: 14B- and 32B-shaped
