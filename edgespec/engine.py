@@ -92,8 +92,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.draft_max is not None and (isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int)
-                                           or not 1 <= self.draft_max <= 64):
-            raise InvalidRequest(f"draft_max must be in [1, 64], got {self.draft_max}")
+                                           or not 1 <= self.draft_max <= placements.MAX_DRAFT):
+            raise InvalidRequest(f"draft_max must be in [1, {placements.MAX_DRAFT}], got {self.draft_max}")
         if isinstance(self.n_ctx, bool) or not isinstance(self.n_ctx, int) or self.n_ctx < 16:
             raise InvalidRequest(f"n_ctx must be an integer >= 16, got {self.n_ctx!r}")
         if self.n_threads is not None and (not isinstance(self.n_threads, int) or self.n_threads < 1):
@@ -167,6 +167,7 @@ class Engine:
             # one sequence per root-to-leaf path of a draft, plus the main one
             n_seq = config.n_seq_max or 1 + (self.draft_shape.draft_max if config.draft is not None else 0)
             ctx_params = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq,
+                                       n_outputs_max=placements.VERIFY_ROWS,
                                        flash_attn=_flash_attn(config), op_offload=op_offload)
         if config.exact:
             model_params, ctx_params = invariant.model_params(model_params), invariant.context_params(ctx_params)

@@ -169,12 +169,13 @@ class FakeContext:
     """
 
     def __init__(self, model: FakeModel, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
-                 n_ubatch: int | None = None):
+                 n_ubatch: int | None = None, n_outputs_max: int | None = None):
         if not 1 <= n_seq_max <= 64:
             raise InvalidRequest("n_seq_max must be in [1, 64]")
         self.model = model
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.n_ubatch = min(n_ubatch or n_batch, n_batch)
+        self.n_outputs_max = max(n_outputs_max or n_batch, n_seq_max)  # backend.output_rows
         self._tok = np.zeros(n_ctx, np.int64)
         self._pos = np.zeros(n_ctx, np.int64)
         self._hash = np.zeros(n_ctx, np.uint64)  # hash of the tokens the cell's row attended to
@@ -293,6 +294,9 @@ class FakeContext:
             raise InvalidRequest("tokens, positions, seq_ids and logits must have the same length")
         if n > self.n_batch:
             raise InvalidRequest(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        rows = sum(map(bool, flags))
+        if rows > self.n_outputs_max:
+            raise InvalidRequest(f"batch asks for {rows} logits rows; the context allows {self.n_outputs_max}")
         for i in range(n):
             if not 0 <= tokens[i] < self.model.n_vocab:
                 raise InvalidRequest(f"token id {tokens[i]} out of range [0, {self.model.n_vocab})")
@@ -384,7 +388,7 @@ class FakeContext:
     # -- memory ------------------------------------------------------------------------------
     def memory_report(self) -> dict:
         return {"weights": self.model.nbytes, "kv_cache": self._tok.nbytes * 4,
-                "logits_buffer": 4 * self.model.n_vocab * self.n_batch, "state": 0}
+                "logits_buffer": 4 * self.model.n_vocab * self.n_outputs_max, "state": 0}
 
     def close(self) -> None:
         self._closed = True

@@ -97,3 +97,20 @@ def test_memory_report(small_ctx, small_model):
     report = small_ctx.memory_report()
     assert report["weights"] == small_model.weights_bytes > 50_000_000
     assert report["kv_cache"] > 0
+
+
+def test_a_context_sized_for_its_verifications_refuses_more_rows(small_model):
+    """n_outputs_max bounds the rows one decode returns; a batch asking more is refused before
+    llama.cpp, whose output_reserve asserts it (an abort of the process)."""
+    toks = small_model.tokenize(TEXT)[:6]
+    ctx = LlamaContext(small_model, ContextParams(n_ctx=256, n_outputs_max=4))
+    try:
+        assert ctx.n_outputs_max == 4
+        assert ctx.memory_report()["logits_buffer"] == 4 * 4 * small_model.n_vocab
+        with pytest.raises(InvalidRequest, match="5 logits rows; the context allows 4"):
+            ctx.decode(toks, range(6), [[0]] * 6, [False] + [True] * 5)
+        assert ctx.seq_pos_max(0) == -1  # refused before anything was decoded
+        out = ctx.decode(toks, range(6), [[0]] * 6, [False, False] + [True] * 4)
+        assert out.shape == (4, small_model.n_vocab) and np.isfinite(out).all()
+    finally:
+        ctx.close()

@@ -93,6 +93,11 @@ def test_probe_sees_default_kernels_depend_on_the_batch(store):
         with pytest.raises(invariant.NotBatchInvariant, match="differ from one-token decodes"):
             invariant.check(ctx)
         assert ctx.seq_pos_max(0) == -1  # the probe leaves its sequence empty
+        # A context sized for 2-token drafts is probed with the 3 rows it verifies (without
+        # flash attention the KQ product differs from 2 rows on).
+        ctx.close()
+        ctx = LlamaContext(model, ContextParams(n_ctx=256, flash_attn=False, n_outputs_max=3))
+        assert invariant.deviation(ctx) > 0.01
     finally:
         ctx.close()
         model.close()

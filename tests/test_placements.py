@@ -145,7 +145,7 @@ def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7
     a 7B offloaded with a third of its weights in VRAM holds as many layers beside a tree
     drafter as beside a chain drafter (their contexts are one), and a longer shape that would
     cost anything is refused."""
-    for vram, name in ((16 * GiB, "gpu"), (900 * MiB, "draft-gpu"), (0, "cpu")):
+    for vram, name in ((16 * GiB, "gpu"), (800 * MiB, "draft-gpu"), (0, "cpu")):
         p = _plan(pair, vram)
         want = placements.TREES if name != "cpu" else placements.CHAINS
         assert (p.placement, p.draft_max, p.draft_tree, p.n_seq_max) == (name, want.draft_max, want.tree,
@@ -239,6 +239,8 @@ def test_engine_in_the_cpu_placement_loads_what_the_plan_says(model_path):
         assert plan.placement == "cpu" and plan.n_gpu_layers == 0
         assert engine.model.params.no_host == plan.no_host
         assert engine.ctx.params.op_offload == plan.op_offload
+        # logits rows for the largest verification (64 drafted), not llama.cpp's n_batch (512)
+        assert engine.ctx.n_outputs_max == placements.VERIFY_ROWS == 65
         assert engine.generate("Hello", max_tokens=4).stats.generated_tokens == 4
 
 

@@ -17,6 +17,7 @@ from conftest import DRAFTER, GEMMA, SMALL, TARGET
 
 from edgespec.llama import backend, probe
 from edgespec.memory import planner
+from edgespec.memory.placements import VERIFY_ROWS
 from edgespec.units import parse_bytes
 from edgespec.errors import BudgetExceeded, InvalidRequest
 
@@ -170,6 +171,7 @@ _LOAD_SCRIPT = r"""
 import gc, json, sys
 import psutil
 from edgespec.llama import backend, probe
+from edgespec.memory.placements import VERIFY_ROWS
 path, n_ctx, n_ubatch, n_seq, prefill, verify, mmap, fa, repack = sys.argv[1], *map(int, sys.argv[2:])
 backend.ensure_initialized()
 proc = psutil.Process()
@@ -178,7 +180,7 @@ before = proc.memory_info().rss
 with probe.capture_llama_log() as cap:
     model = backend.LlamaModel(path, backend.ModelParams(use_mmap=bool(mmap), repack=bool(repack)))
     ctx = backend.LlamaContext(model, backend.ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=n_ubatch,
-                                                            n_seq_max=n_seq, n_threads=2,
+                                                            n_seq_max=n_seq, n_threads=2, n_outputs_max=VERIFY_ROWS,
                                                             flash_attn=bool(fa)))
 for s in range(0, prefill, 512):
     n = min(512, prefill - s)
@@ -193,8 +195,8 @@ print(json.dumps({"rss": proc.memory_info().rss - before, "reported": probe.repo
 def _real_load(path, n_ctx: int, n_ubatch: int, n_seq: int, prefill: int, verify: int,
                mmap: bool = True, flash_attn: bool = False, repack: bool = True) -> dict:
     """RSS growth of loading a model the engine's way (LlamaModel, LlamaContext), prefilling one
-    micro-batch and verifying ``verify`` rows, in a fresh process: a process that loaded and freed
-    models before keeps their freed heap and would under-count."""
+    micro-batch and verifying ``verify`` rows (placements.VERIFY_ROWS allowed), in a fresh process:
+    a process that loaded and freed models before keeps their freed heap and would under-count."""
     r = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, str(path), str(n_ctx), str(n_ubatch), str(n_seq),
                         str(prefill), str(verify), str(int(mmap)), str(int(flash_attn)), str(int(repack))], check=False, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -271,7 +273,7 @@ def target_load(model_path, fp):
 def test_target_estimates_match_llama_cpp_reports(target_load):
     f, p, _est, got = target_load
     rep = got["reported"]
-    c = planner.estimate_context(f, 1024, 128, p.n_seq_max, "f16", True)
+    c = planner.estimate_context(f, 1024, 128, p.n_seq_max, "f16", p.flash_attn, n_outputs_max=VERIFY_ROWS)
     _check_reported(f, c, rep, f.weights_bytes, f.repack_bytes(planner.machine().cpu_features))
     assert p.llama_cpp_reports["target"]["compute"] == c.compute_reserved
 
@@ -465,7 +467,10 @@ def test_a_cuda_build_pins_the_compute_buffer_of_a_model_on_the_cpu(fp, monkeypa
     t = fp(TARGET)
 
     def compute(m: planner.MachineInfo) -> planner.Part:
-        p = planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=m, placement="cpu")
+        # Plain decoding touches one row of logits of the 65 its context reserves; at n_ubatch 64
+        # the reservation is those rows, not one block's activations.
+        p = planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=m, placement="cpu", suffix=False,
+                              n_ubatch=64)
         return next(x for x in p.parts if x.component == "target compute buffer")
 
     touched = compute(cpu_machine())

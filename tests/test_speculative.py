@@ -192,6 +192,7 @@ def qwen_plain(model_path):
 @pytest.mark.parametrize("draft, tree", QUANT_DRAFTS)
 def test_quantized_speculation_drafts_and_diverges_only_at_rare_near_ties(draft, tree, qwen_plain, store):
     with Engine(EngineConfig(model=TARGET, n_ctx=1024, draft=draft, draft_tree=tree, draft_max=8)) as engine:
+        assert engine.ctx.n_outputs_max == 65  # logits rows: the pending token and 64 drafted
         results = _generate_all(engine, QUANT_TOKENS, QUANT_PROMPTS)
         divergences = qwen_plain.divergences(engine, results)
     _report(store, "quantized", draft, tree, qwen_plain, results, divergences)

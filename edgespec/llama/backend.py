@@ -153,7 +153,8 @@ class ContextParams:
     flash_attn: bool | None = None  # None: llama.cpp decides per device (on for CPU)
     kv_type: str = "f16"  # f16 | q8_0 | q4_0 (a quantized V cache needs flash attention)
     # Most logits rows one decode may return; None: n_batch. llama.cpp reserves a compute
-    # buffer of rows x vocabulary floats, so verification-sized values save hundreds of MB.
+    # buffer of rows x vocabulary floats (297 MiB for Qwen's 512 at n_batch 512), so contexts
+    # sized for their verifications (edgespec.memory.placements.VERIFY_ROWS) save hundreds of MB.
     n_outputs_max: int | None = None
     # GPU builds: a batch of at least edgespec.llama.kernels.op_offload_min_batch() tokens copies
     # CPU-resident weights to the GPU and multiplies there; False keeps every batch on the CPU.
@@ -178,6 +179,11 @@ def model_struct(p: ModelParams):
     return mp
 
 
+def output_rows(p: ContextParams) -> int:
+    """The logits rows a context of ``p`` allows one decode (llama.cpp asserts >= n_seq_max)."""
+    return max(p.n_outputs_max or p.n_batch, p.n_seq_max)
+
+
 def context_struct(p: ContextParams, threads: int):
     """The llama_context_params struct for ``p`` (shared by contexts and memory probes)."""
     if p.kv_type not in KV_CACHE_TYPES:
@@ -193,7 +199,7 @@ def context_struct(p: ContextParams, threads: int):
     cp.kv_unified = True
     # Verification reads the logits of many rows of one sequence; this build's default allows
     # one output row per sequence. llama.cpp asserts n_outputs_max >= n_seq_max.
-    outputs = max(p.n_outputs_max or p.n_batch, p.n_seq_max)
+    outputs = output_rows(p)
     cp.n_outputs_max = outputs
     cp.n_outputs_max_per_seq = outputs
     cp.no_perf = True
@@ -347,6 +353,7 @@ class LlamaContext:
         self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_batch = int(lc.llama_n_batch(self._ctx))
         self.n_seq_max = int(lc.llama_n_seq_max(self._ctx))
+        self.n_outputs_max = output_rows(params)
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._generation = 0  # bumps on every decode; stale lazy logits readers refuse to read
@@ -365,8 +372,8 @@ class LlamaContext:
         Returns:
             float32 array [number of flagged rows, n_vocab], in batch order.
         Raises:
-            InvalidRequest: inconsistent lengths, empty batch, more rows than ``n_batch``,
-                a sequence id out of range or a bad token id.
+            InvalidRequest: inconsistent lengths, empty batch, more rows than ``n_batch``, more
+                flagged rows than ``n_outputs_max``, a sequence id out of range or a bad token id.
             BackendError: llama.cpp could not find room in the KV cache or failed.
         """
         rows = self.decode_rows(tokens, positions, seq_ids, logits)
@@ -420,6 +427,9 @@ class LlamaContext:
             raise InvalidRequest("tokens, positions, seq_ids and logits must have the same length")
         if n > self.n_batch:
             raise InvalidRequest(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        rows = sum(map(bool, logits))
+        if rows > self.n_outputs_max:  # llama.cpp would abort (output_reserve's assertion)
+            raise InvalidRequest(f"batch asks for {rows} logits rows; the context allows {self.n_outputs_max}")
         nv = self.model.n_vocab
         for i in range(n):
             if not 0 <= tokens[i] < nv:
@@ -465,7 +475,7 @@ class LlamaContext:
         return {
             "weights": self.model.weights_bytes,
             "kv_cache": self.kv_bytes(),
-            "logits_buffer": 4 * self.model.n_vocab * self.n_batch,
+            "logits_buffer": 4 * self.model.n_vocab * self.n_outputs_max,
             "state": int(lc.llama_state_get_size(self._ctx)),
         }
 

@@ -75,10 +75,12 @@ def context_params(p: ContextParams) -> ContextParams:
 
 def deviation(ctx: LlamaContext, seq: int = 0) -> float:
     """Largest |logit| difference between the rows of one batch and the same tokens decoded one at
-    a time on ``seq`` (which must be empty; it is left empty). 0.0 exactly when invariant."""
-    tokens = ctx.model.tokenize(PROBE_TEXT)[:PROBE_HEAD + PROBE_ROWS]
-    if len(tokens) < PROBE_HEAD + PROBE_ROWS:  # a vocabulary of very long tokens: repeat the text
-        tokens = (tokens * (PROBE_HEAD + PROBE_ROWS))[:PROBE_HEAD + PROBE_ROWS]
+    a time on ``seq`` (which must be empty; it is left empty). 0.0 exactly when invariant. The
+    batch has PROBE_ROWS rows, fewer where the context's verifications are smaller."""
+    n = PROBE_HEAD + min(PROBE_ROWS, ctx.n_outputs_max)
+    tokens = ctx.model.tokenize(PROBE_TEXT)[:n]
+    if len(tokens) < n:  # a vocabulary of very long tokens: repeat the text
+        tokens = (tokens * n)[:n]
     head, rows = tokens[:PROBE_HEAD], tokens[PROBE_HEAD:]
     positions = range(PROBE_HEAD, PROBE_HEAD + len(rows))
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from edgespec.memory import planner
+from edgespec.memory import placements, planner
 from edgespec.llama import invariant
 from edgespec.llama.backend import ContextParams, ModelParams
 from edgespec.drafters import KINDS, DraftConfig, drafter_model_path, kind_of
@@ -142,7 +142,7 @@ def placement(target_path: str, store: ModelStore, ram_budget: int | None, n_ctx
     model_params = target_model_params(plan)
     context_params = ContextParams(n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch,
                                    n_seq_max=max(plan.n_seq_max, n_seq_max, _sequences(plan, effective)),
-                                   n_threads=plan.threads,
+                                   n_threads=plan.threads, n_outputs_max=placements.VERIFY_ROWS,
                                    kv_type=plan.kv_type, flash_attn=plan.flash_attn, op_offload=plan.op_offload)
     draft_model_params = drafter_model_params(plan) if plan.drafter_placement != "none" and drafter_fp else None
     file_backed = plan.weights_mode == "file-backed"

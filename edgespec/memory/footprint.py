@@ -28,11 +28,11 @@ smollm2-135m and gemma3-270m; ``tests/test_planner.py`` checks them against llam
       reserved  = max(layer, logits(min(n_outputs_max, ub)))         what llama.cpp allocates
       touched   = max(layer, 4 n_out (V + 2E))                       what the engine's batches use
 
-  llama.cpp sizes the buffer for the worst graph it may be asked to run: ``LlamaContext``
-  allows ``n_outputs_max = n_batch`` rows of logits, so 512 rows x V floats are reserved
-  (302.75 MiB for the 1.5B target) although prefill asks for one row and verification for at
-  most ``draft_max + 1``. On a CPU build untouched pages of that reservation are never
-  resident; the plan budgets the touched part and reports the reserved one. A CUDA build gives
+  llama.cpp sizes the buffer for the worst graph it may be asked to run: a context allows
+  ``n_outputs_max`` rows of logits (n_batch unless told: 512 rows x V floats, 302.75 MiB for the
+  1.5B target). The engine's target context allows placements.VERIFY_ROWS (65), its largest
+  verification; prefill asks for one row, a verification for ``draft_max + 1``. On a CPU build
+  untouched pages of that reservation are never resident; the plan budgets the touched part and reports the reserved one. A CUDA build gives
   the CPU's compute buffer CUDA's pinned host buffer type (unless GGML_CUDA_NO_PINNED), resident
   in full, so a model wholly on the CPU there is budgeted at the reservation (planner._compute_part).
 * **Output buffer**: ``max(n_seq_max, rows per decode) x V x 4`` bytes (llama.cpp grows it to
@@ -290,7 +290,7 @@ class ContextFootprint:
     n_ubatch: int             # effective micro-batch: min(n_ubatch, n_batch, n_ctx)
     n_seq: int
     n_outputs: int            # most logits rows one decode returns (verification)
-    n_outputs_max: int        # what the context allows (LlamaContext: n_batch)
+    n_outputs_max: int        # what the context allows (the engine's target: VERIFY_ROWS)
     kv_type: str
     flash_attn: bool
     kv_bytes: int
@@ -331,8 +331,8 @@ def estimate_context(footprint: ModelFootprint, n_ctx: int, n_ubatch: int = 512,
     """Sizes a context: KV cache, compute buffer, work buffer and output (logits) buffer.
 
     ``n_outputs`` is the largest number of logits rows one decode asks for (the engine's
-    verification batches: ``draft_max + 1``); ``n_outputs_max`` what the context allows
-    (``LlamaContext`` sets it to ``n_batch``), which sizes llama.cpp's reservation.
+    verification batches: ``draft_max + 1``); ``n_outputs_max`` what the context allows (None:
+    ``n_batch``, as ``ContextParams`` leaves it), which sizes llama.cpp's reservation.
     Raises InvalidRequest for an unknown cache type or a quantized cache without flash
     attention (llama.cpp refuses to create that context).
     """

@@ -249,7 +249,8 @@ class _Planner:
     def _target_ctx(self, cfg: _Cfg) -> ContextFootprint:
         drafting = self._drafting(cfg)
         return estimate_context(self.t, cfg.n_ctx, cfg.n_ubatch, 1 + self.draft_max if drafting else 1,
-                                cfg.kv_type, self.flash_attn(cfg), n_outputs=self.draft_max + 1 if drafting else 1)
+                                cfg.kv_type, self.flash_attn(cfg), n_outputs=self.draft_max + 1 if drafting else 1,
+                                n_outputs_max=placements.VERIFY_ROWS)
 
     def _drafter_ctx(self, cfg: _Cfg) -> ContextFootprint:
         """The context ModelDrafter declares it builds (its own cache type and micro-batch)."""
@@ -269,8 +270,8 @@ class _Planner:
         if len(blocks):
             compute = max(compute, cf.compute_layer)
         # Device memory is allocated, not touched page by page: with the output head on the GPU
-        # the compute buffer holds llama.cpp's whole reservation (H100: 314 MiB for the 1.5B's
-        # 512 logits rows, all on the GPU; 151 MiB split at n_ubatch 256).
+        # the compute buffer holds llama.cpp's whole reservation (H100, a context allowing 512
+        # logits rows: 314 MiB for the 1.5B all on the GPU, 151 MiB split at n_ubatch 256).
         compute = max(compute, cf.compute_reserved)
         return weights + kv + compute + (GPU_RUNTIME_BYTES if runtime else 0)
 
@@ -522,8 +523,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         kv_type = "f16"
     if n_ubatch is not None and not 1 <= n_ubatch <= ENGINE_N_BATCH:
         raise InvalidRequest(f"n_ubatch must be in [1, {ENGINE_N_BATCH}], got {n_ubatch}")
-    if draft_max is not None and not 1 <= draft_max <= 64:
-        raise InvalidRequest(f"draft_max must be in [1, 64], got {draft_max}")
+    if draft_max is not None and not 1 <= draft_max <= placements.MAX_DRAFT:
+        raise InvalidRequest(f"draft_max must be in [1, {placements.MAX_DRAFT}], got {draft_max}")
     ram_given = ram_budget is not None
     vram_given = vram_budget is not None
     if ram_budget is None:

@@ -96,11 +96,16 @@ def fill_context(ctx: LlamaContext, seq: int, token: int, start: int, end: int) 
         ctx.decode([token] * n, range(pos, pos + n), [[seq]] * n, [False] * (n - 1) + [True])
 
 
+def largest_batch(ctx: LlamaContext) -> int:
+    """The largest batch a verification on ``ctx`` can be: every row's logits are read."""
+    return min(ctx.n_batch, ctx.n_outputs_max)
+
+
 def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Target time per batch size; uses the last sequence id, which must be empty."""
     seq = ctx.n_seq_max - 1
     token = ctx.model.tokenize(" the", add_special=False)[0]
-    sizes = tuple(n for n in sizes if n <= ctx.n_batch)
+    sizes = tuple(n for n in sizes if n <= largest_batch(ctx))
     start = max(0, min(CONTEXT_TOKENS, ctx.n_ctx - 2 * max(sizes, default=1)))
     try:
         fill_context(ctx, seq, token, 0, start)
@@ -179,7 +184,7 @@ def verify_costs(target: LlamaContext, home: Path, tag: str = "", largest: int |
     key = context_key(target, tag)
     cached = cached_verify(home, key)
     have = dict(zip(cached.batch_sizes, cached.verify_s)) if cached is not None else {}
-    missing = tuple(n for n in sizes_up_to(largest) if n not in have and n <= target.n_batch)
+    missing = tuple(n for n in sizes_up_to(largest) if n not in have and n <= largest_batch(target))
     if cached is not None and not missing:
         return cached
     log.info("calibrating verification costs for %s (once)", Path(target.model.path).name)
