@@ -82,8 +82,10 @@ def run(name: str, models: Path) -> dict:
     buffers = _device_buffers(cap.lines)
     out["spec_cuda_buffers"] = buffers
     reported = sum(buffers.values())
-    out["vram_check"] = {"planned_buffers": plan.vram_bytes - GPU_RUNTIME_BYTES, "reported": reported,
-                         "ratio": (plan.vram_bytes - GPU_RUNTIME_BYTES) / reported if reported else None}
+    # A plan with nothing on the GPU counts no runtime there either
+    planned = max(plan.vram_bytes - GPU_RUNTIME_BYTES, 0)
+    out["vram_check"] = {"planned_buffers": planned, "reported": reported,
+                         "ratio": planned / reported if reported else None}
     out["same_answer"] = out["plain"]["tokens"] == out["spec"]["tokens"]
     return out
 

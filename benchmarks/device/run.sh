@@ -384,8 +384,10 @@ def load(pattern):
     return d
 for name, pattern in (("curves", "curve-*.json"), ("bench", "bench-*.json"), ("spec", "spec-*.txt"),
                       ("engine", "engine-*.json"), ("mixed", "mixed-*.json"), ("sequence", "sequence-*.json"), ("diag", "*tests.txt"), ("make", "make.txt"), ("numpy", "numpy.txt")):
-    with open(os.path.join(out, name + ".json"), "w") as f:
-        json.dump(load(pattern), f, indent=1)
+    found = load(pattern)
+    if found:  # only 8 files come back: none spent on an empty one
+        with open(os.path.join(out, name + ".json"), "w") as f:
+            json.dump(found, f, indent=1)
 PY
     python3 benchmarks/device/measure.py table "$W/results" | tee "$OUT/table.txt"
     grep -h "decoded\|n_drafted\|n_accept\|accept " "$W"/results/spec-*.txt 2>/dev/null | tail -20
