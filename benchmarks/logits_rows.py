@@ -5,6 +5,7 @@ against the whole row in float64 (what drafting did before), interleaved in one 
 
     .venv/bin/python benchmarks/logits_rows.py [--model qwen2.5-coder-0.5b] [--rows 64] [--save F.npy]
     python3 benchmarks/logits_rows.py --load F.npy      # rows saved here, timed on another CPU
+    .venv/bin/python benchmarks/logits_rows.py --gaussian 2 --rows 16   # flat rows, no model
 
 ``--load`` needs no model and no llama.cpp build: on the GPU machine, before any build, run it
 with an empty ``llama_cpp`` module standing in for the package edgespec imports first (run.sh
@@ -84,8 +85,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--save", help="also save the rows (.npy)")
     ap.add_argument("--load", help="time rows saved by --save instead of decoding")
+    ap.add_argument("--gaussian", type=float, metavar="SD",
+                    help="time --rows rows of Gaussian logits of this deviation instead (flat rows, as a "
+                         "shape clone's random weights give: 2 puts every token within 16 nats)")
     args = ap.parse_args()
-    rows = list(np.load(args.load)) if args.load else rows_of(args.model, args.rows)
+    if args.gaussian:
+        rng = np.random.default_rng(0)
+        rows = [(rng.standard_normal(151936) * args.gaussian).astype(np.float32) for _ in range(args.rows)]
+    else:
+        rows = list(np.load(args.load)) if args.load else rows_of(args.model, args.rows)
     if args.save:
         np.save(args.save, np.stack(rows))
     agree_pick = max(abs(greedy_logprob(r)[1] - float64_pick(r)[1]) for r in rows)
