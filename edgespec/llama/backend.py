@@ -153,8 +153,9 @@ class ContextParams:
     flash_attn: bool | None = None  # None: llama.cpp decides per device (on for CPU)
     kv_type: str = "f16"  # f16 | q8_0 | q4_0 (a quantized V cache needs flash attention)
     # Most logits rows one decode may return; None: n_batch. llama.cpp reserves a compute
-    # buffer of rows x vocabulary floats (297 MiB for Qwen's 512 at n_batch 512), so contexts
-    # sized for their verifications (edgespec.memory.placements.VERIFY_ROWS) save hundreds of MB.
+    # buffer of rows x vocabulary floats (512 rows of Qwen's 152k-token logits: 297 MiB), so
+    # contexts sized for their verifications (edgespec.memory.placements.VERIFY_ROWS) save
+    # hundreds of MB.
     n_outputs_max: int | None = None
     # GPU builds: a batch of at least edgespec.llama.kernels.op_offload_min_batch() tokens copies
     # CPU-resident weights to the GPU and multiplies there; False keeps every batch on the CPU.

@@ -32,9 +32,10 @@ smollm2-135m and gemma3-270m; ``tests/test_planner.py`` checks them against llam
   ``n_outputs_max`` rows of logits (n_batch unless told: 512 rows x V floats, 302.75 MiB for the
   1.5B target). The engine's target context allows placements.VERIFY_ROWS (65), its largest
   verification; prefill asks for one row, a verification for ``draft_max + 1``. On a CPU build
-  untouched pages of that reservation are never resident; the plan budgets the touched part and reports the reserved one. A CUDA build gives
-  the CPU's compute buffer CUDA's pinned host buffer type (unless GGML_CUDA_NO_PINNED), resident
-  in full, so a model wholly on the CPU there is budgeted at the reservation (planner._compute_part).
+  untouched pages of that reservation are never resident; the plan budgets the touched part and
+  reports the reserved one. A CUDA build gives the CPU's compute buffer CUDA's pinned host buffer
+  type (unless GGML_CUDA_NO_PINNED), resident in full, so a model wholly on the CPU there is
+  budgeted at the reservation (planner._compute_part).
 * **Output buffer**: ``max(n_seq_max, rows per decode) x V x 4`` bytes (llama.cpp grows it to
   the largest batch of logits requested; verification asks for ``draft_max + 1`` rows).
 * **Runtime**: llama.cpp's vocabulary and the GGUF metadata edgespec keeps, about 243 bytes per
