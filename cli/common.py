@@ -9,6 +9,7 @@ import typer
 
 from edgespec.engine import DEFAULT_MODEL, Engine, EngineConfig
 from edgespec.errors import InvalidRequest
+from edgespec.memory.placements import MAX_DRAFT
 from edgespec.decode.events import GenerationStats
 from edgespec.decode.sampling import SamplingParams
 from edgespec.units import format_bytes, parse_bytes
@@ -29,7 +30,7 @@ SYSTEM = typer.Option(None, "--system", help="System message.")
 STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
 DRAFT = typer.Option("auto", "--draft", "-d",
                      help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path.")
-DRAFT_MAX = typer.Option(None, "--draft-max", min=1, max=64,
+DRAFT_MAX = typer.Option(None, "--draft-max", min=1, max=MAX_DRAFT,
                          help="Most drafted tokens per step (default 32; for auto 63 where the planner "
                               "verifies through a GPU or puts the drafter on one).")
 DRAFT_TREE = typer.Option(None, "--draft-tree/--no-draft-tree",

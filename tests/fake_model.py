@@ -175,7 +175,7 @@ class FakeContext:
         self.model = model
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.n_ubatch = min(n_ubatch or n_batch, n_batch)
-        self.n_outputs_max = max(n_outputs_max or n_batch, n_seq_max)  # backend.output_rows
+        self.n_outputs_max = max(min(n_outputs_max or n_batch, n_batch), n_seq_max)  # as LlamaContext
         self._tok = np.zeros(n_ctx, np.int64)
         self._pos = np.zeros(n_ctx, np.int64)
         self._hash = np.zeros(n_ctx, np.uint64)  # hash of the tokens the cell's row attended to

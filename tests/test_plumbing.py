@@ -29,6 +29,7 @@ from edgespec.drafters.model import MAX_TREE_NODES, ModelDrafter
 from edgespec.drafters.none import NoDrafter
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.errors import BackendError, InvalidRequest
+from edgespec.memory.placements import VERIFY_ROWS
 from edgespec.spec.step import SpeculativeStep
 from edgespec.spec.tree import DraftTree
 from edgespec.spec.verify import fit_draft, is_chain, leaves_of, main_path, path_layout
@@ -98,7 +99,7 @@ OVERLAP = {"model-overlap"}
 
 def make_decoder(kind: str | None, draft_max: int = 8, n_ctx: int = N_CTX, n_batch: int = 64):
     """A decoder on a fresh fake target context: plain for ``kind=None``."""
-    ctx = FakeContext(TARGET, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=1 + draft_max)
+    ctx = FakeContext(TARGET, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=1 + draft_max, n_outputs_max=VERIFY_ROWS)
     step = None if kind is None else SpeculativeStep(DRAFTERS[kind](), draft_max, overlap=kind in OVERLAP)
     return Decoder(TARGET, KVSequence(ctx), step)
 
@@ -109,6 +110,16 @@ def request(n: int, **kw) -> GenerationRequest:
 
 
 # -- the fake itself ----------------------------------------------------------------------------
+def test_fake_refuses_more_logits_rows_than_its_context_allows():
+    """LlamaContext's rule: llama.cpp would abort on a batch past n_outputs_max (its output_reserve)."""
+    ctx = FakeContext(TARGET, n_ctx=128, n_batch=512, n_outputs_max=VERIFY_ROWS)
+    n = VERIFY_ROWS + 1
+    toks = [1 + i % 20 for i in range(n)]
+    with pytest.raises(InvalidRequest, match=f"{n} logits rows; the context allows {VERIFY_ROWS}"):
+        ctx.decode(toks, range(n), [[0]] * n, [True] * n)
+    assert ctx.decode(toks, range(n), [[0]] * n, [False] + [True] * VERIFY_ROWS).shape[0] == VERIFY_ROWS
+
+
 def test_fake_batches_equal_one_token_decoding_and_refuse_layout_bugs():
     toks = random_prompt(np.random.default_rng(0), 40)
     ref = np.array([TARGET.logits(toks[:i + 1]) for i in range(len(toks))])
@@ -357,6 +368,7 @@ CASES = [  # (draft_max, max_tokens, n_batch, request options)
     (8, 120, 16, {"ignore_eos": True}),
     (16, 90, 64, {}),
     (8, 70, 64, {"sampling": SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=16)}),
+    (63, 120, 512, {"ignore_eos": True}),  # the longest drafts, in the engine's 65 logits rows
 ]
 
 

@@ -354,7 +354,7 @@ class LlamaContext:
         self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_batch = int(lc.llama_n_batch(self._ctx))
         self.n_seq_max = int(lc.llama_n_seq_max(self._ctx))
-        self.n_outputs_max = output_rows(params)
+        self.n_outputs_max = max(min(output_rows(params), self.n_batch), self.n_seq_max)
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._generation = 0  # bumps on every decode; stale lazy logits readers refuse to read

@@ -80,8 +80,8 @@ MAX_DRAFT = 64  # the most tokens one step may draft (--draft-max)
 # Logits rows the target's context allows one decode: the largest verification, the pending token
 # and MAX_DRAFT drafted. llama.cpp reserves that many rows (512 unless told: 297 MiB for Qwen's
 # vocabulary, VRAM for a GPU target, pinned RAM for a CPU one on CUDA). One size for every draft
-# shape, so that a longer shape costs no memory (planner._longer_shape) and any drafter a bench
-# builds over the engine's context fits; a 32-token chain leaves 32 rows (20 MiB) unused.
+# shape, so that a longer shape reserves no more (planner._longer_shape) and any drafter a bench
+# builds over the engine's context fits; a 32-token chain leaves 32 rows (~19 MiB) unused.
 VERIFY_ROWS = MAX_DRAFT + 1
 
 

@@ -270,8 +270,9 @@ class _Planner:
         if len(blocks):
             compute = max(compute, cf.compute_layer)
         # Device memory is allocated, not touched page by page: with the output head on the GPU
-        # the compute buffer holds llama.cpp's whole reservation (H100, a context allowing 512
-        # logits rows: 314 MiB for the 1.5B all on the GPU, 151 MiB split at n_ubatch 256).
+        # the compute buffer holds llama.cpp's whole reservation (H100, llama.cpp's default of 512
+        # logits rows: 314 MiB for the 1.5B all on the GPU, 151 MiB split at n_ubatch 256; H200,
+        # the engine's 65: 101 MiB; RESULTS-gpu.md section 21).
         compute = max(compute, cf.compute_reserved)
         return weights + kv + compute + (GPU_RUNTIME_BYTES if runtime else 0)
 
