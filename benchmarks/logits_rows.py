@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from edgespec.decode.sampling import greedy_logprob
+from edgespec.decode.sampling import (SamplingParams, greedy_logprob, recent_window, sample_from,
+                                     sample_support, target_probs, target_support)
 from edgespec.spec.tree_search import top_children
 
 PROMPT = "def merge(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"
@@ -43,6 +44,25 @@ def float64_children(row: np.ndarray, branch: int = 8) -> tuple[tuple[int, ...],
     lp = (x[ids] - m) - np.log(np.exp(x - m).sum())
     order = np.lexsort((ids, -lp))
     return tuple(int(i) for i in ids[order]), tuple(float(v) for v in lp[order])
+
+
+# A sampled chain's pick under the CLI's default sampler (temperature 0.8, top-k 40, top-p 0.95,
+# min-p 0.05), with a 64-token repetition window
+SAMPLED = SamplingParams(temperature=0.8)
+RECENT = recent_window(list(range(64)), SAMPLED)
+
+
+def vector_pick(row: np.ndarray, rng: np.random.Generator) -> int:
+    """A sampled pick over the whole probability vector, as drafting did before target_support."""
+    q = target_probs(row, SAMPLED, RECENT)
+    q.max(), q[np.flatnonzero(q)]
+    return sample_from(q, rng)
+
+
+def support_pick(row: np.ndarray, rng: np.random.Generator) -> int:
+    ids, q = target_support(row, SAMPLED, RECENT)
+    q.max()
+    return sample_support(ids, q, rng)
 
 
 def rows_of(model: str, n: int) -> list[np.ndarray]:
@@ -103,10 +123,13 @@ def main() -> None:
     same_children = all(n.ids == o[0] for n, o in zip(news, olds))
     agree_children = max(abs(a - b) for n, o in zip(news, olds) for a, b in zip(n.logps, o[1]))
     out = {"rows": len(rows), "vocab": len(rows[0]), "ms_per_row": {}}
+    rng = np.random.default_rng(0)
     for _ in range(2):  # interleaved: each pair timed twice, the second kept
         out["ms_per_row"] = {"pick float64": timed(float64_pick, rows), "pick now": timed(greedy_logprob, rows),
                              "children float64": timed(float64_children, rows),
-                             "children now": timed(lambda r: top_children(r, 8), rows)}
+                             "children now": timed(lambda r: top_children(r, 8), rows),
+                             "sampled pick, whole vector": timed(lambda r: vector_pick(r, rng), rows),
+                             "sampled pick now": timed(lambda r: support_pick(r, rng), rows)}
     near = {w: statistics.median(int((r >= r.max() - w).sum()) for r in rows) for w in (16, 20, 32)}
     out.update(same_tokens=same_pick and same_children, max_logp_difference=max(agree_pick, agree_children),
                median_tokens_within_nats=near)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.decode.sampling import (SamplingParams, apply_repeat_penalty, greedy_token, sample_from,
-                               target_probs)
+from edgespec.decode.sampling import (SamplingParams, apply_repeat_penalty, greedy_token, pick_token,
+                                     sample_from, sample_support, target_probs, target_support)
 
 EMPTY = np.zeros(0, np.int64)
 
@@ -64,6 +64,28 @@ def test_sample_from_matches_distribution():
     rng = np.random.default_rng(7)
     draws = np.bincount([sample_from(p, rng) for _ in range(20000)], minlength=4) / 20000
     assert draws[0] == 0 and np.abs(draws - p).max() < 0.02
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8), SamplingParams(temperature=1.3, top_k=0),
+                                    SamplingParams(temperature=0.5, top_k=200, top_p=0.5, min_p=0.0),
+                                    SamplingParams(temperature=1.0, top_k=3, repeat_penalty=1.3),
+                                    SamplingParams(temperature=0.0)])
+def test_the_support_is_the_whole_vector_and_draws_the_same_tokens(params):
+    """target_support is target_probs's nonzero entries, ascending; sample_support draws what
+    sample_from draws from the same generator state (plain decoding and drafting both sample
+    the support, verification reads the vector)."""
+    rng = np.random.default_rng(3)
+    for _ in range(10):
+        logits = (rng.standard_normal(151936) * 4).astype(np.float32)
+        recent = rng.integers(0, 151936, 64)
+        ids, p = target_support(logits, params, recent)
+        full = target_probs(logits, params, recent)
+        assert ids.tolist() == np.flatnonzero(full).tolist() and p.tolist() == full[ids].tolist()
+        seed = int(rng.integers(1 << 30))
+        a, b, c = (np.random.default_rng(seed) for _ in range(3))
+        draws = [sample_from(full, a) for _ in range(20)]
+        assert draws == [sample_support(ids, p, b) for _ in range(20)]
+        assert draws[0] == pick_token(logits, params, list(recent), c)
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5),

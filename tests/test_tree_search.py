@@ -7,7 +7,7 @@ import heapq
 import numpy as np
 import pytest
 
-from edgespec.decode.sampling import greedy_logprob, logsumexp
+from edgespec.decode.sampling import greedy_logprob, logsumexp, top_ids
 from edgespec.drafters.model import ModelDrafter
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.spec.tree_search import (
@@ -16,7 +16,6 @@ from edgespec.spec.tree_search import (
     accepted_path,
     best_first,
     top_children,
-    top_ids,
 )
 from tests.fake_model import FakeContext, FakeModel
 
@@ -152,3 +151,18 @@ def test_top_ids_and_the_normaliser_agree_with_the_whole_row_in_float64(scale):
         assert abs(logsumexp(row) - want) < 1e-6
         token, logp = greedy_logprob(row)
         assert token == int(np.argmax(row)) and abs(logp - (x[token] - want)) < 1e-6
+
+
+
+def test_top_ids_on_short_rows_and_rows_mostly_masked():
+    """The sampled threshold falls back to a partition of the whole row where it cannot serve:
+    rows shorter than a few samples, k above the row, rows whose sample is masked (-inf)."""
+    rng = np.random.default_rng(11)
+    for n, k in ((1, 1), (10, 20), (130, 8), (200, 64), (5000, 40)):
+        row = rng.standard_normal(n).astype(np.float32)
+        assert set(top_ids(row, k)) == set(np.argsort(-row, kind="stable")[:k]), (n, k)
+    row = np.full(151936, -np.inf, np.float32)
+    live = rng.choice(len(row), 30, replace=False)
+    row[live] = rng.standard_normal(30)
+    assert set(top_ids(row, 8)) == set(np.argsort(-row, kind="stable")[:8])
+    assert set(top_ids(row, 40)) >= set(live)  # all 30 live tokens, then any 10 masked ones

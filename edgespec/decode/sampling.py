@@ -91,6 +91,27 @@ def logsumexp(row: np.ndarray, top=None) -> float:
     return float(m) + math.log(float(d.sum(dtype=np.float64)))
 
 
+# top_ids samples every TOP_STRIDE-th entry of a row to set a threshold that about
+# (ceil(k / TOP_STRIDE) + 2) * TOP_STRIDE entries pass: the top k lie among those, found without
+# partitioning the whole vocabulary. On the 0.5B's rows (dev VM): k = 8 in 0.08 ms, k = 40 in
+# 0.11 ms, against 0.25 ms for a partition of the row; the same on flat rows (a shape clone's).
+TOP_STRIDE = 64
+
+
+def top_ids(row: np.ndarray, k: int) -> np.ndarray:
+    """The ids of ``row``'s ``k`` largest entries (all of them if it has fewer), in no order
+    (which of equal entries at the boundary is arbitrary, as with a partition of the row)."""
+    n = len(row)
+    k = min(k, n)
+    sample = row[::TOP_STRIDE]
+    j = -(-k // TOP_STRIDE) + 2
+    if j < len(sample):
+        near = np.flatnonzero(row >= np.partition(sample, len(sample) - j)[len(sample) - j])
+        if len(near) >= k:  # every entry above the threshold is in, so the top k are
+            return near[np.argpartition(row[near], len(near) - k)[len(near) - k:]]
+    return np.argpartition(row, n - k)[n - k:]
+
+
 def greedy_logprob(logits: np.ndarray) -> tuple[int, float]:
     """A row's argmax token and its log-probability, without a row of log-probabilities: a
     drafted chain's pick (0.21 ms for a 152k-token row on the dev VM)."""
@@ -130,7 +151,7 @@ def candidate_ids(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """
     n = logits.shape[0]
     if params.top_k and params.top_k < n:
-        ids = np.argpartition(-logits, params.top_k - 1)[: params.top_k]
+        ids = top_ids(logits, params.top_k)
     else:
         ids = np.arange(n)
     probs = np.zeros(n, dtype=np.float64)
@@ -146,6 +167,19 @@ def candidate_ids(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return ids
 
 
+def target_support(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``target_probs``'s nonzero entries: token ids in ascending order and their probabilities.
+    Sampling reads only these (40 under the default top-k), not the vocabulary: a sampled pick
+    costs 0.15 ms of a 152k-token row where the whole vector and its scan cost 1.3 ms (dev VM)."""
+    penalized = apply_repeat_penalty(logits, recent, params.repeat_penalty)
+    if params.greedy:
+        return np.array([int(np.argmax(penalized))]), np.ones(1)
+    ids = np.sort(candidate_ids(penalized, params))
+    probs = _softmax(penalized[ids].astype(np.float64) / params.temperature)
+    keep = probs != 0.0  # the entries sample_from reads from the whole vector (flatnonzero)
+    return ids[keep], probs[keep]
+
+
 def target_probs(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> np.ndarray:
     """The exact distribution plain sampling draws the next token from.
 
@@ -154,15 +188,11 @@ def target_probs(logits: np.ndarray, params: SamplingParams, recent: np.ndarray)
         params: the request's sampler settings; greedy gives a one-hot at the argmax.
         recent: token ids in the repetition-penalty window.
     Returns:
-        [n_vocab] float64 probabilities summing to 1.
+        [n_vocab] float64 probabilities summing to 1 (``target_support`` spread over the vocabulary).
     """
-    penalized = apply_repeat_penalty(logits, recent, params.repeat_penalty)
+    ids, p = target_support(logits, params, recent)
     probs = np.zeros(logits.shape[0], dtype=np.float64)
-    if params.greedy:
-        probs[int(np.argmax(penalized))] = 1.0
-        return probs
-    ids = candidate_ids(penalized, params)
-    probs[ids] = _softmax(penalized[ids].astype(np.float64) / params.temperature)
+    probs[ids] = p
     return probs
 
 
@@ -173,7 +203,13 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
     which keeps seeded runs reproducible whatever the vocabulary size.
     """
     ids = np.flatnonzero(probs)
-    cum = np.cumsum(probs[ids])
+    return sample_support(ids, probs[ids], rng)
+
+
+def sample_support(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    """``sample_from`` of the vector whose nonzero entries are ``probs`` at ``ids`` (ascending):
+    the same draw from the same generator state."""
+    cum = np.cumsum(probs)
     u = rng.random() * cum[-1]
     return int(ids[min(int(np.searchsorted(cum, u, side="right")), len(ids) - 1)])
 
@@ -187,10 +223,10 @@ def recent_window(history: Sequence[int], params: SamplingParams) -> np.ndarray:
 def pick_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int],
                rng: np.random.Generator) -> int:
     """The next token of plain decoding: argmax or a draw from the exact target distribution."""
-    probs = target_probs(logits, params, recent_window(history, params))
+    ids, probs = target_support(logits, params, recent_window(history, params))
     if params.greedy:
-        return int(np.argmax(probs))
-    return sample_from(probs, rng)
+        return int(ids[0])
+    return sample_support(ids, probs, rng)
 
 
 def top2_gap(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> float:

@@ -29,8 +29,8 @@ from edgespec.decode.sampling import (
     greedy_logprob,
     greedy_token,
     recent_window,
-    sample_from,
-    target_probs,
+    sample_support,
+    target_support,
 )
 from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
@@ -81,13 +81,12 @@ def draft_chain(context: Sequence[int], logits: np.ndarray, budget: int, params:
     sampling = not params.greedy
     for k in range(budget):
         if sampling:
-            q = target_probs(logits, params, recent_window(list(context) + tokens, params))
+            ids, q = target_support(logits, params, recent_window(list(context) + tokens, params))
             if q.max() < min_confidence:
                 break
-            ids = np.flatnonzero(q)
-            token = sample_from(q, rng)
+            token = sample_support(ids, q, rng)
             q_ids.append(ids)
-            q_probs.append(q[ids])
+            q_probs.append(q)
         else:
             token, logp = greedy_logprob(logits)
             confidence = math.exp(logp)

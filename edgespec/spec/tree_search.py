@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.decode.sampling import logsumexp
+from edgespec.decode.sampling import logsumexp, top_ids
 from edgespec.spec.tree import DraftTree
 
 Path = tuple[int, ...]  # tokens from the root's child down to a node
@@ -43,40 +43,15 @@ class Children:
     logps: tuple[float, ...]
 
 
-# Top-k candidates within this many nats of a row's best logit, widest last: a drafter's rows
-# are peaked (the 0.5B's: a median of 16 tokens within 16 nats; benchmarks/results/logits-rows.json),
-# so selecting among them skips a partition of the whole vocabulary (0.21 ms a 152k row on the dev VM).
-TOP_WIDTHS = (16.0, 32.0)
-# A band holding more than half the row, as every 64th entry estimates it, is partitioned as the
-# whole row: gathering it first costs more (a shape clone's flat rows: top_ids 0.56 ms against
-# 0.24 on the dev VM, the break-even near half the row).
-TOP_BAND_SHARE, TOP_BAND_STRIDE = 1 / 2, 64
-
-
-def top_ids(row: np.ndarray, k: int, top=None) -> np.ndarray:
-    """The ids of ``row``'s ``k`` largest entries (all of them if it has fewer), in no order
-    (which of equal entries at the boundary is arbitrary, as with a partition of the row);
-    ``top``: the row's largest entry, where the caller has read it."""
-    k = min(k, len(row))
-    m = row.max() if top is None else top
-    for width in TOP_WIDTHS:
-        if np.count_nonzero(row[::TOP_BAND_STRIDE] >= m - width) * TOP_BAND_STRIDE > TOP_BAND_SHARE * len(row):
-            break
-        near = np.flatnonzero(row >= m - width)
-        if len(near) >= k:
-            return near[np.argpartition(row[near], len(near) - k)[len(near) - k:]]
-    return np.argpartition(row, len(row) - k)[len(row) - k:]
-
-
 def top_children(logits: np.ndarray, branch: int) -> Children:
     """The ``branch`` best tokens of a logits row and their log-probabilities, best first, ties
     by id (within the chosen set). Only the chosen entries are normalised, but the normaliser
-    (sampling.logsumexp) reads the whole row: a node costs 0.34-0.37 ms of Python on the dev VM,
-    0.60 ms in float64 throughout (benchmarks/results/logits-rows.json), beside the 0.5B's
+    (sampling.logsumexp) reads the whole row: a node costs 0.32-0.34 ms of Python on the dev VM,
+    0.7 ms in float64 throughout (benchmarks/results/logits-rows.json), beside the 0.5B's
     1.26 ms decode on an H100 or H200."""
     row = np.asarray(logits)
     top = row.max()
-    ids = top_ids(row, branch, top)
+    ids = top_ids(row, branch)
     lp = row[ids].astype(np.float64) - logsumexp(row, top)
     order = np.lexsort((ids, -lp))
     return Children(tuple(int(i) for i in ids[order]), tuple(float(v) for v in lp[order]))

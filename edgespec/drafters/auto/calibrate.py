@@ -118,8 +118,9 @@ def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...
 def measure_draft_token(ctx: LlamaContext) -> float:
     """Seconds per drafted token of a model drafter: a one-token decode and the greedy pick of
     its row (sampling.greedy_logprob), as a greedy chain pays them. The pick is a sixth of the
-    0.5B's token on a GPU (0.21 against 1.26 ms; RESULTS-gpu.md section 20). A sampled chain
-    pays target_probs instead, which this does not time."""
+    0.5B's token on a GPU (0.21 against 1.26 ms; RESULTS-gpu.md section 20). A sampled chain's
+    pick (sampling.target_support and a draw) costs about as much: 0.28 against 0.25 ms on the
+    real 0.5B's rows on the dev VM."""
     token = ctx.model.tokenize(" the", add_special=False)[0]
     seq = ctx.n_seq_max - 1
     time_batch(ctx, 1, seq, token)
