@@ -169,8 +169,9 @@ def candidate_ids(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 def target_support(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``target_probs``'s nonzero entries: token ids in ascending order and their probabilities.
-    Sampling reads only these (40 under the default top-k), not the vocabulary: a sampled pick
-    costs 0.15 ms of a 152k-token row where the whole vector and its scan cost 1.3 ms (dev VM)."""
+    Sampling reads only these (40 under the default top-k), not the vocabulary: a drafted
+    token's sampled pick costs 0.27 ms of the real 0.5B's 152k-token rows where the whole vector
+    and its scan cost 1.13 ms (dev VM, benchmarks/results/logits-rows.json)."""
     penalized = apply_repeat_penalty(logits, recent, params.repeat_penalty)
     if params.greedy:
         return np.array([int(np.argmax(penalized))]), np.ones(1)
