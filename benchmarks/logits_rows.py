@@ -23,8 +23,15 @@ import time
 
 import numpy as np
 
-from edgespec.decode.sampling import (SamplingParams, greedy_logprob, recent_window, sample_from,
-                                     sample_support, target_probs, target_support)
+from edgespec.decode.sampling import (
+    SamplingParams,
+    greedy_logprob,
+    recent_window,
+    sample_from,
+    sample_support,
+    target_probs,
+    target_support,
+)
 from edgespec.spec.tree_search import top_children
 
 PROMPT = "def merge(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"
