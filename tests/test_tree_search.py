@@ -153,7 +153,6 @@ def test_top_ids_and_the_normaliser_agree_with_the_whole_row_in_float64(scale):
         assert token == int(np.argmax(row)) and abs(logp - (x[token] - want)) < 1e-6
 
 
-
 def test_top_ids_on_short_rows_and_rows_mostly_masked():
     """The sampled threshold falls back to a partition of the whole row where it cannot serve:
     rows shorter than a few samples, k above the row, rows whose sample is masked (-inf)."""
@@ -166,3 +165,8 @@ def test_top_ids_on_short_rows_and_rows_mostly_masked():
     row[live] = rng.standard_normal(30)
     assert set(top_ids(row, 8)) == set(np.argsort(-row, kind="stable")[:8])
     assert set(top_ids(row, 40)) >= set(live)  # all 30 live tokens, then any 10 masked ones
+    broken = rng.standard_normal(151936).astype(np.float32)
+    broken[::50] = np.nan  # NaN ranks below every number, as candidate_ids always took it
+    finite = np.where(np.isnan(broken), -np.inf, broken)
+    for k in (8, 40):
+        assert set(top_ids(broken, k)) == set(np.argsort(-finite, kind="stable")[:k])

@@ -1,7 +1,7 @@
 """What the drafter's Python costs the replayed speedups: every held-out set replayed with a
 chain's greedy picks and a tree's expanded nodes priced as drafting computed them before
 (log-probabilities of the whole row in float64) and as it computes them now
-(edgespec.decode.sampling.logsumexp, tree_search.top_ids), against the replays' usual pricing
+(edgespec.decode.sampling.logsumexp, sampling.top_ids), against the replays' usual pricing
 (picks free, 0.59 ms a node as measured on the H200 machine's CPU with the float64 code).
 
 The prices are benchmarks/logits_rows.py's on the development VM with llama.cpp loaded

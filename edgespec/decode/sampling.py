@@ -1,7 +1,8 @@
 """The target distribution: logits -> probabilities under the user's sampler settings.
 
-Plain generation and speculative verification both draw from ``target_probs`` so that
-speculation can never change what is sampled. The order of the transforms follows llama.cpp's
+Plain generation, drafting and speculative verification all take the distribution from
+``target_support`` (``target_probs`` spreads it over the vocabulary) so that speculation can never
+change what is sampled. The order of the transforms follows llama.cpp's
 default chain: repetition penalty -> top-k -> top-p -> min-p -> temperature. Everything here is
 a pure function of numpy arrays; no llama.cpp.
 """
@@ -100,16 +101,19 @@ TOP_STRIDE = 64
 
 def top_ids(row: np.ndarray, k: int) -> np.ndarray:
     """The ids of ``row``'s ``k`` largest entries (all of them if it has fewer), in no order
-    (which of equal entries at the boundary is arbitrary, as with a partition of the row)."""
+    (which of equal entries at the boundary is arbitrary, as with a partition of the row). NaN
+    entries rank below every number, -inf ones below every finite one."""
     n = len(row)
     k = min(k, n)
     sample = row[::TOP_STRIDE]
     j = -(-k // TOP_STRIDE) + 2
     if j < len(sample):
-        near = np.flatnonzero(row >= np.partition(sample, len(sample) - j)[len(sample) - j])
-        if len(near) >= k:  # every entry above the threshold is in, so the top k are
-            return near[np.argpartition(row[near], len(near) - k)[len(near) - k:]]
-    return np.argpartition(row, n - k)[n - k:]
+        threshold = np.partition(sample, len(sample) - j)[len(sample) - j]
+        if np.isfinite(threshold):  # not a row masked (-inf) or broken (NaN) around its sample
+            near = np.flatnonzero(row >= threshold)
+            if len(near) >= k:  # every entry above the threshold is in, so the top k are
+                return near[np.argpartition(row[near], len(near) - k)[len(near) - k:]]
+    return np.argpartition(-row, k - 1)[:k]
 
 
 def greedy_logprob(logits: np.ndarray) -> tuple[int, float]:
