@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgespec.errors import BackendError, InvalidRequest
+from edgespec.llama.backend import rows_allowed
 
 _K = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible mod 2**64
 _K_INV = np.uint64(pow(int(_K), -1, 1 << 64))
@@ -175,7 +176,7 @@ class FakeContext:
         self.model = model
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.n_ubatch = min(n_ubatch or n_batch, n_batch)
-        self.n_outputs_max = max(min(n_outputs_max or n_batch, n_batch), n_seq_max)  # as LlamaContext
+        self.n_outputs_max = rows_allowed(n_outputs_max, n_batch, n_seq_max)
         self._tok = np.zeros(n_ctx, np.int64)
         self._pos = np.zeros(n_ctx, np.int64)
         self._hash = np.zeros(n_ctx, np.uint64)  # hash of the tokens the cell's row attended to

@@ -181,8 +181,14 @@ def model_struct(p: ModelParams):
 
 
 def output_rows(p: ContextParams) -> int:
-    """The logits rows a context of ``p`` allows one decode (llama.cpp asserts >= n_seq_max)."""
+    """The logits rows a context of ``p`` tells llama.cpp it allows (which asserts >= n_seq_max)."""
     return max(p.n_outputs_max or p.n_batch, p.n_seq_max)
+
+
+def rows_allowed(n_outputs_max: int | None, n_batch: int, n_seq_max: int) -> int:
+    """The logits rows one decode may flag on a context: ``n_outputs_max`` (None: all), no more
+    than its ``n_batch`` tokens, no fewer than its sequences (output_rows)."""
+    return max(min(n_outputs_max or n_batch, n_batch), n_seq_max)
 
 
 def context_struct(p: ContextParams, threads: int):
@@ -354,7 +360,7 @@ class LlamaContext:
         self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_batch = int(lc.llama_n_batch(self._ctx))
         self.n_seq_max = int(lc.llama_n_seq_max(self._ctx))
-        self.n_outputs_max = max(min(output_rows(params), self.n_batch), self.n_seq_max)
+        self.n_outputs_max = rows_allowed(params.n_outputs_max, self.n_batch, self.n_seq_max)
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._generation = 0  # bumps on every decode; stale lazy logits readers refuse to read
