@@ -52,6 +52,7 @@ import sys
 from array import array
 from collections import deque
 from collections.abc import Sequence
+from typing import NoReturn
 
 import numpy as np
 
@@ -122,6 +123,19 @@ def _tail(seq, n: int) -> array:
     except TypeError:
         tail = list(seq)[-n:]
     return _as_tokens(tail)
+
+
+def _integrity_fail(msg: str) -> NoReturn:
+    """Raises the RuntimeError that check_integrity reports an inconsistency with."""
+    raise RuntimeError(f"suffix index integrity: {msg}")
+
+
+def _doc_end(docs: list[tuple[int, int]], g: int) -> int:
+    """The end of the document holding global position ``g``, or -1 when none holds it."""
+    for s, n in docs:
+        if s <= g < s + n:
+            return s + n
+    return -1
 
 
 class PySuffixIndex:
@@ -427,73 +441,93 @@ class PySuffixIndex:
 
         Raises RuntimeError on the first inconsistency; returns True.
         """
-        def fail(msg: str):
-            raise RuntimeError(f"suffix index integrity: {msg}")
+        docs = self._integrity_documents()
+        ends, newest_end, terminal = self._integrity_windows(docs)
+        self._integrity_active_ends(terminal)
+        order = self._integrity_reachable()
+        self._integrity_recount(order, ends, newest_end, docs)
+        return True
 
-        D, base, toks = self.max_depth, self._base, self._toks
-        end_g = base + len(toks)
+    def _integrity_documents(self) -> list[tuple[int, int]]:
+        """Lists the held documents as (start, length), checking that they tile the held tokens."""
+        end_g = self._base + len(self._toks)
         docs = list(self._hist)
         if self._active is not None:
             docs.append((self._active, end_g - self._active))
         at = self._lo
         for s, n in docs:
             if s != at or n < 0 or (n == 0 and (s, n) in self._hist):
-                fail(f"documents not contiguous at {s}")
+                _integrity_fail(f"documents not contiguous at {s}")
             at = s + n
-        if at != end_g or self._lo < base:
-            fail("documents do not cover the held tokens")
+        if at != end_g or self._lo < self._base:
+            _integrity_fail("documents do not cover the held tokens")
+        return docs
 
-        def doc_end(g: int) -> int:
-            for s, n in docs:
-                if s <= g < s + n:
-                    return s + n
-            return -1
-
-        kids, cnt, dep, pos, par, tokv = (self._kids, self._cnt, self._dep, self._pos,
-                                          self._par, self._tok)
+    def _integrity_windows(self, docs: list[tuple[int, int]]
+                           ) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+        """Walks every window; returns windows ending per node, newest start per node, end node per start."""
         ends: dict[int, int] = {}
         maxend: dict[int, int] = {}
         terminal: dict[int, int] = {}
         for s, n in docs:
             for i in range(s, s + n):
-                L = min(D, s + n - i)
-                u, d = _ROOT, 0
-                while d < L:
-                    ku = kids[u]
-                    v = None if ku is None else ku.get(toks[i + d - base])
-                    if v is None or par[v] != u or dep[v] > L:
-                        fail(f"window {i} has no path at depth {d}")
-                    for j in range(d + 1, dep[v]):
-                        if toks[pos[v] + j - base] != toks[i + j - base]:
-                            fail(f"window {i} differs from the label of node {v}")
-                    d, u = dep[v], v
+                u = self._integrity_walk(i, min(self.max_depth, s + n - i))
                 ends[u] = ends.get(u, 0) + 1
                 maxend[u] = max(maxend.get(u, -1), i)
                 terminal[i] = u
-        if self._active is not None:
-            want = [terminal[i] for i in range(max(self._active, end_g - (D - 1)), end_g)]
-            if want != self._ends:
-                fail("active window ends are stale")
-        elif self._ends:
-            fail("window ends without an active document")
+        return ends, maxend, terminal
 
+    def _integrity_walk(self, i: int, length: int) -> int:
+        """Walks the window of ``length`` tokens at ``i`` down the trie; returns its end node."""
+        base, toks, kids, par, dep, pos = (self._base, self._toks, self._kids, self._par,
+                                           self._dep, self._pos)
+        u, d = _ROOT, 0
+        while d < length:
+            ku = kids[u]
+            v = None if ku is None else ku.get(toks[i + d - base])
+            if v is None or par[v] != u or dep[v] > length:
+                _integrity_fail(f"window {i} has no path at depth {d}")
+            for j in range(d + 1, dep[v]):
+                if toks[pos[v] + j - base] != toks[i + j - base]:
+                    _integrity_fail(f"window {i} differs from the label of node {v}")
+            d, u = dep[v], v
+        return u
+
+    def _integrity_active_ends(self, terminal: dict[int, int]) -> None:
+        """Checks the kept end nodes of the active document's last D - 1 windows."""
+        if self._active is not None:
+            end_g = self._base + len(self._toks)
+            start = max(self._active, end_g - (self.max_depth - 1))
+            if [terminal[i] for i in range(start, end_g)] != self._ends:
+                _integrity_fail("active window ends are stale")
+        elif self._ends:
+            _integrity_fail("window ends without an active document")
+
+    def _integrity_reachable(self) -> list[int]:
+        """Walks the trie from the root, checking child maps; returns every node, parents first."""
+        kids, par, tokv = self._kids, self._par, self._tok
         order, stack, seen = [], [_ROOT], set()
         while stack:
             v = stack.pop()
             if v in seen:
-                fail(f"node {v} reached twice")
+                _integrity_fail(f"node {v} reached twice")
             seen.add(v)
             order.append(v)
             kv = kids[v]
             if kv is not None:
                 if not kv and v != _ROOT:
-                    fail(f"node {v} has an empty child map")
+                    _integrity_fail(f"node {v} has an empty child map")
                 for t, c in kv.items():
                     if par[c] != v or tokv[c] != t:
-                        fail(f"node {c} has a wrong parent or key")
+                        _integrity_fail(f"node {c} has a wrong parent or key")
                     stack.append(c)
         if len(seen) != self.n_nodes:
-            fail(f"{self.n_nodes} nodes held, {len(seen)} reachable")
+            _integrity_fail(f"{self.n_nodes} nodes held, {len(seen)} reachable")
+        return order
+
+    def _integrity_recount(self, order: list[int], ends: dict[int, int], maxend: dict[int, int],
+                           docs: list[tuple[int, int]]) -> None:
+        """Sums window counts and newest starts up the trie, children first, and checks each node."""
         total: dict[int, int] = {}
         newest: dict[int, int] = {}
         for v in reversed(order):
@@ -501,28 +535,34 @@ class PySuffixIndex:
             m_v = max(maxend.get(v, -1), newest.get(v, -1))
             if v == _ROOT:
                 continue
-            p = par[v]
-            if cnt[v] != c_v or c_v <= 0:
-                fail(f"node {v}: count {cnt[v]}, recounted {c_v}")
-            if pos[v] != m_v:
-                fail(f"node {v}: newest window {pos[v]}, recounted {m_v}")
-            if not dep[p] < dep[v] <= D:
-                fail(f"node {v}: depth {dep[v]} under {dep[p]}")
-            de = doc_end(pos[v])
-            if de < 0 or pos[v] + dep[v] > de:
-                fail(f"node {v}: label outside its document")
-            if toks[pos[v] + dep[p] - base] != tokv[v]:
-                fail(f"node {v}: key differs from its label")
-            if p != _ROOT:
-                for j in range(dep[p]):
-                    if toks[pos[v] + j - base] != toks[pos[p] + j - base]:
-                        fail(f"node {v}: path differs from its parent's")
-            kv = kids[v]
-            if kv is not None and len(kv) == 1 and cnt[next(iter(kv.values()))] == cnt[v]:
-                fail(f"node {v} is redundant")
+            self._integrity_node(v, c_v, m_v, docs)
+            p = self._par[v]
             total[p] = total.get(p, 0) + c_v
             newest[p] = max(newest.get(p, -1), m_v)
-        return True
+
+    def _integrity_node(self, v: int, c_v: int, m_v: int, docs: list[tuple[int, int]]) -> None:
+        """Checks node ``v`` against its recounted windows ``c_v`` and newest start ``m_v``."""
+        base, toks, kids, cnt, dep, pos, tokv = (self._base, self._toks, self._kids, self._cnt,
+                                                 self._dep, self._pos, self._tok)
+        p = self._par[v]
+        if cnt[v] != c_v or c_v <= 0:
+            _integrity_fail(f"node {v}: count {cnt[v]}, recounted {c_v}")
+        if pos[v] != m_v:
+            _integrity_fail(f"node {v}: newest window {pos[v]}, recounted {m_v}")
+        if not dep[p] < dep[v] <= self.max_depth:
+            _integrity_fail(f"node {v}: depth {dep[v]} under {dep[p]}")
+        de = _doc_end(docs, pos[v])
+        if de < 0 or pos[v] + dep[v] > de:
+            _integrity_fail(f"node {v}: label outside its document")
+        if toks[pos[v] + dep[p] - base] != tokv[v]:
+            _integrity_fail(f"node {v}: key differs from its label")
+        if p != _ROOT:
+            for j in range(dep[p]):
+                if toks[pos[v] + j - base] != toks[pos[p] + j - base]:
+                    _integrity_fail(f"node {v}: path differs from its parent's")
+        kv = kids[v]
+        if kv is not None and len(kv) == 1 and cnt[next(iter(kv.values()))] == cnt[v]:
+            _integrity_fail(f"node {v} is redundant")
 
 
 def _load_native():
