@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import llama_cpp as lc
 
@@ -77,51 +78,78 @@ def prompt_lookup_generate(model_path: str | os.PathLike, prompt_text: str, max_
     ``finish_reason``. The model stays loaded for the next call with the same settings; every
     call evaluates its prompt from scratch (no prefix reuse between calls).
     """
-    import time
-
     if max_tokens < 1:
         raise InvalidRequest("max_tokens must be at least 1")
     if not prompt_text:
         raise InvalidRequest("the prompt is empty")
     ensure_initialized()
     llm = _peer_llama(str(model_path), n_threads, n_ctx, num_pred_tokens, flash_attn)
+    prompt = _prompt_tokens(llm, prompt_text)
+    if len(prompt) + max_tokens > n_ctx:
+        raise InvalidRequest(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed n_ctx={n_ctx}")
+    counter = _DraftCounter(llm)
+    t0, t_end, text, finish = _greedy_completion(llm, prompt, max_tokens, counter)
+    t_first = counter.first if counter.first is not None else t_end
+    return {
+        "text": text,
+        "new_tokens": counter.sampled - counter.eog,
+        "gen_s": t_end - t_first,
+        "prefill_s": t_first - t0,
+        "prompt_tokens": len(prompt),
+        "steps": max(counter.evals - 1, 0),
+        "drafted": counter.drafted,
+        "accepted": counter.accepted,
+        "finish_reason": finish,
+    }
+
+
+def _prompt_tokens(llm, prompt_text: str) -> list[int]:
+    """Tokenizes chat-templated text as Engine.chat_tokens does: BOS added only when not already there."""
     vocab = llm._model.vocab
     bos = int(lc.llama_vocab_bos(vocab))
     bos_text = llm.detokenize([bos], special=True).decode("utf-8", errors="replace") if bos >= 0 else ""
     add_bos = bool(lc.llama_vocab_get_add_bos(vocab)) and not (bos_text and prompt_text.startswith(bos_text))
-    prompt = llm.tokenize(prompt_text.encode("utf-8"), add_bos=add_bos, special=True)
-    if len(prompt) + max_tokens > n_ctx:
-        raise InvalidRequest(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed n_ctx={n_ctx}")
+    return llm.tokenize(prompt_text.encode("utf-8"), add_bos=add_bos, special=True)
 
-    # Count by wrapping the instance's eval/sample (Llama.generate calls them through self):
-    # each eval after the prefill verifies [last token, draft...]; a sample at position idx
-    # checks the draft token at idx + 1 when one was evaluated there.
-    counts = {"evals": 0, "drafted": 0, "accepted": 0, "sampled": 0, "eog": 0}
-    t = {"first": None}
-    orig_eval, orig_sample = llm.eval, llm.sample
 
-    def eval_(tokens):
-        if counts["evals"] > 0:
-            counts["drafted"] += max(len(tokens) - 1, 0)
-        counts["evals"] += 1
-        return orig_eval(tokens)
+class _DraftCounter:
+    """Stands in for a Llama's eval and sample to count target evaluations and drafted tokens."""
 
-    def sample(*args, **kwargs):
-        tok = orig_sample(*args, **kwargs)
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.vocab = llm._model.vocab
+        self.evals = self.drafted = self.accepted = self.sampled = self.eog = 0
+        self.first: float | None = None  # perf_counter() of the first sampled token
+        self._eval, self._sample = llm.eval, llm.sample
+
+    def eval(self, tokens):
+        """Evaluates ``tokens``; after the prefill each evaluation verifies [last token, draft...]."""
+        if self.evals > 0:
+            self.drafted += max(len(tokens) - 1, 0)
+        self.evals += 1
+        return self._eval(tokens)
+
+    def sample(self, *args, **kwargs):
+        """Samples at ``idx``; a match with the draft token evaluated at ``idx + 1`` is accepted."""
+        tok = self._sample(*args, **kwargs)
         idx = kwargs.get("idx")
-        if t["first"] is None:
-            t["first"] = time.perf_counter()
-        counts["sampled"] += 1
-        if idx is not None and idx + 1 < llm.n_tokens and tok == int(llm._input_ids[idx + 1]):
-            counts["accepted"] += 1
-        if lc.llama_vocab_is_eog(vocab, tok):
-            counts["eog"] += 1
+        if self.first is None:
+            self.first = time.perf_counter()
+        self.sampled += 1
+        if idx is not None and idx + 1 < self.llm.n_tokens and tok == int(self.llm._input_ids[idx + 1]):
+            self.accepted += 1
+        if lc.llama_vocab_is_eog(self.vocab, tok):
+            self.eog += 1
         return tok
 
+
+def _greedy_completion(llm, prompt: list[int], max_tokens: int,
+                       counter: _DraftCounter) -> tuple[float, float, str, str]:
+    """Streams one greedy completion with ``counter`` hooked in; returns (t0, t_end, text, finish_reason)."""
     pieces: list[str] = []
     finish = ""
     llm.reset()  # no prefix reuse from the previous call: every prompt is evaluated in full
-    llm.eval, llm.sample = eval_, sample
+    llm.eval, llm.sample = counter.eval, counter.sample  # Llama.generate calls both through self
     try:
         t0 = time.perf_counter()
         for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, top_k=1,
@@ -132,15 +160,4 @@ def prompt_lookup_generate(model_path: str | os.PathLike, prompt_text: str, max_
         t_end = time.perf_counter()
     finally:
         del llm.eval, llm.sample  # back to the class's methods
-    t_first = t["first"] if t["first"] is not None else t_end
-    return {
-        "text": "".join(pieces),
-        "new_tokens": counts["sampled"] - counts["eog"],
-        "gen_s": t_end - t_first,
-        "prefill_s": t_first - t0,
-        "prompt_tokens": len(prompt),
-        "steps": max(counts["evals"] - 1, 0),
-        "drafted": counts["drafted"],
-        "accepted": counts["accepted"],
-        "finish_reason": finish,
-    }
+    return t0, t_end, "".join(pieces), finish
