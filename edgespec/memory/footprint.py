@@ -48,6 +48,7 @@ smollm2-135m and gemma3-270m; ``tests/test_planner.py`` checks them against llam
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -55,7 +56,11 @@ from dataclasses import asdict, dataclass, field
 
 from edgespec.errors import InvalidRequest
 from edgespec.files import gguf as gguf_mod
+from edgespec.files.modelfile import ModelFile
 from edgespec.llama.kernels import KV_CACHE_TYPES
+
+SUFFIX_BYTES_PER_TOKEN = 115  # the native suffix index, measured: bytes per held token
+SUFFIX_HISTORY_TOKENS = 1 << 18  # tokens of earlier requests the suffix index keeps by default (~29 MiB)
 
 MiB = 1 << 20
 ENGINE_N_BATCH = 512            # prefill batches of the engine (ContextParams.n_batch)
@@ -188,6 +193,85 @@ def _meta_int(md: dict, key: str, default: int | None = None, agg=max) -> int | 
     return default
 
 
+@dataclass
+class _TensorBytes:
+    """The bytes of a model's tensors, grouped as ModelFootprint reports them."""
+
+    layer_bytes: list[int]
+    embd: int = 0
+    output: int = 0
+    other: int = 0
+    matmul: list[tuple[int, str, int, int]] = field(default_factory=list)
+    ffn_rows: int = 0
+    embd_shape: tuple[int, ...] | None = None
+
+
+def _architecture(g) -> str:
+    """The model's ``general.architecture``; InvalidRequest when the file has none."""
+    arch = g.metadata.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise InvalidRequest(f"{g.path}: no general.architecture: not a model file")
+    return arch
+
+
+def _block_shape(g, arch: str) -> tuple[int, int, int]:
+    """Block count, embedding length and head count; InvalidRequest when one is missing."""
+    md = g.metadata
+    n_layer = _meta_int(md, f"{arch}.block_count")
+    n_embd = _meta_int(md, f"{arch}.embedding_length")
+    n_head = _meta_int(md, f"{arch}.attention.head_count")
+    if not n_layer or not n_embd or not n_head:
+        raise InvalidRequest(f"{g.path}: missing {arch} block_count / embedding_length / head_count: "
+                             "cannot size this model")
+    return n_layer, n_embd, n_head
+
+
+def _kv_heads(hkv_raw, n_layer: int) -> list[int]:
+    """One KV head count per layer, from a single count or a per-layer list (some models vary it)."""
+    if isinstance(hkv_raw, list):
+        return [int(x) for x in hkv_raw][:n_layer] + [int(hkv_raw[-1])] * max(0, n_layer - len(hkv_raw))
+    return [int(hkv_raw)] * n_layer
+
+
+def _tensor_bytes(tensors, n_layer: int) -> _TensorBytes:
+    """Groups tensor bytes by block, embeddings, output head and the rest; lists the 2-D matmuls."""
+    w = _TensorBytes(layer_bytes=[0] * n_layer)
+    for t in tensors:
+        m = _LAYER.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            il = int(m.group(1))
+            w.layer_bytes[il] += t.nbytes
+            if len(t.shape) == 2:
+                w.matmul.append((il, t.type_name, t.shape[1], t.nbytes))
+            if t.name.endswith("ffn_up.weight") and len(t.shape) >= 2:
+                w.ffn_rows = max(w.ffn_rows, t.shape[1])
+        elif t.name == "token_embd.weight":
+            w.embd = t.nbytes
+            w.embd_shape = t.shape
+        elif t.name == "output.weight":
+            w.output = t.nbytes
+            if len(t.shape) == 2:
+                w.matmul.append((-1, t.type_name, t.shape[1], t.nbytes))
+        else:
+            w.other += t.nbytes
+    return w
+
+
+def _vocab_size(md: dict, w: _TensorBytes) -> int:
+    """Tokenizer token count, else the embedding matrix's row count, else 0."""
+    tokens = md.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens) if isinstance(tokens, list) and tokens else 0
+    if not n_vocab:
+        n_vocab = (w.embd_shape[1] if w.embd else 0)
+    return n_vocab
+
+
+def _list_len(md: dict, key: str) -> int:
+    """Length of a list-valued metadata key, 0 when absent or not a list."""
+    v = md.get(key)
+    return len(v) if isinstance(v, list) else 0
+
+
 def estimate_model(gguf_file, name: str | None = None) -> ModelFootprint:
     """Sizes a model's parts from its GGUF header (a path or a ``GGUFFile``); loads nothing.
 
@@ -196,60 +280,22 @@ def estimate_model(gguf_file, name: str | None = None) -> ModelFootprint:
     """
     g = gguf_file if isinstance(gguf_file, gguf_mod.GGUFFile) else gguf_mod.read_gguf(gguf_file)
     md = g.metadata
-    arch = md.get("general.architecture")
-    if not isinstance(arch, str) or not arch:
-        raise InvalidRequest(f"{g.path}: no general.architecture: not a model file")
+    arch = _architecture(g)
 
     def key(k):
         return f"{arch}.{k}"
 
-    n_layer = _meta_int(md, key("block_count"))
-    n_embd = _meta_int(md, key("embedding_length"))
-    n_head = _meta_int(md, key("attention.head_count"))
-    if not n_layer or not n_embd or not n_head:
-        raise InvalidRequest(f"{g.path}: missing {arch} block_count / embedding_length / head_count: "
-                             "cannot size this model")
-    # Per-layer head counts (some models vary them) give one KV width per layer.
-    hkv_raw = md.get(key("attention.head_count_kv"), n_head)
-    if isinstance(hkv_raw, list):
-        hkv = [int(x) for x in hkv_raw][:n_layer] + [int(hkv_raw[-1])] * max(0, n_layer - len(hkv_raw))
-    else:
-        hkv = [int(hkv_raw)] * n_layer
+    n_layer, n_embd, n_head = _block_shape(g, arch)
+    hkv = _kv_heads(md.get(key("attention.head_count_kv"), n_head), n_layer)
     head_dim = n_embd // n_head
     dk = _meta_int(md, key("attention.key_length"), head_dim)
     dv = _meta_int(md, key("attention.value_length"), head_dim)
-
-    layer_bytes = [0] * n_layer
-    embd = output = other = 0
-    matmul: list[tuple[int, str, int, int]] = []
-    ffn_rows = 0
-    for t in g.tensors:
-        m = _LAYER.match(t.name)
-        if m and int(m.group(1)) < n_layer:
-            il = int(m.group(1))
-            layer_bytes[il] += t.nbytes
-            if len(t.shape) == 2:
-                matmul.append((il, t.type_name, t.shape[1], t.nbytes))
-            if t.name.endswith("ffn_up.weight") and len(t.shape) >= 2:
-                ffn_rows = max(ffn_rows, t.shape[1])
-        elif t.name == "token_embd.weight":
-            embd = t.nbytes
-            embd_shape = t.shape
-        elif t.name == "output.weight":
-            output = t.nbytes
-            if len(t.shape) == 2:
-                matmul.append((-1, t.type_name, t.shape[1], t.nbytes))
-        else:
-            other += t.nbytes
-    n_ff = _meta_int(md, key("feed_forward_length"), None) or ffn_rows or 4 * n_embd
-    tokens = md.get("tokenizer.ggml.tokens")
-    n_vocab = len(tokens) if isinstance(tokens, list) and tokens else 0
-    if not n_vocab:
-        n_vocab = (embd_shape[1] if embd else 0)
-    merges = md.get("tokenizer.ggml.merges")
-    scores = md.get("tokenizer.ggml.scores")
+    w = _tensor_bytes(g.tensors, n_layer)
+    n_ff = _meta_int(md, key("feed_forward_length"), None) or w.ffn_rows or 4 * n_embd
+    n_vocab = _vocab_size(md, w)
+    general_name = md.get("general.name")
     return ModelFootprint(
-        name=name or (md.get("general.name") if isinstance(md.get("general.name"), str) else None)
+        name=name or (general_name if isinstance(general_name, str) else None)
         or os.path.basename(g.path),
         path=g.path,
         architecture=arch,
@@ -262,17 +308,17 @@ def estimate_model(gguf_file, name: str | None = None) -> ModelFootprint:
         head_dim_k=dk,
         head_dim_v=dv,
         n_vocab=n_vocab,
-        n_merges=len(merges) if isinstance(merges, list) else 0,
-        n_scores=len(scores) if isinstance(scores, list) else 0,
+        n_merges=_list_len(md, "tokenizer.ggml.merges"),
+        n_scores=_list_len(md, "tokenizer.ggml.scores"),
         n_ctx_train=_meta_int(md, key("context_length"), 0) or 0,
         n_swa=_meta_int(md, key("attention.sliding_window"), 0) or 0,
-        tied_output=output == 0,
-        layer_bytes=tuple(layer_bytes),
-        embd_bytes=embd,
-        output_bytes=output,
-        other_bytes=other,
+        tied_output=w.output == 0,
+        layer_bytes=tuple(w.layer_bytes),
+        embd_bytes=w.embd,
+        output_bytes=w.output,
+        other_bytes=w.other,
         kv_elems_per_token=tuple(h * (dk + dv) for h in hkv),
-        matmul_weights=tuple(matmul),
+        matmul_weights=tuple(w.matmul),
         tokenizer_fingerprint=gguf_mod.tokenizer_fingerprint(g),
     )
 
@@ -473,3 +519,9 @@ def estimate_onnx_drafter(source: ModelFootprint, directory: str | os.PathLike |
         name=source.name, bits=bits, provider=provider, graph_bytes=graph, converted=converted,
         n_layer=source.n_layer, n_embd=source.n_embd, n_head=source.n_head, n_head_kv=source.n_head_kv,
         n_ff=source.n_ff, n_vocab=source.n_vocab)
+
+
+@functools.lru_cache(maxsize=16)
+def footprint_of(model: ModelFile) -> ModelFootprint:
+    """The footprint of a model file (edgespec.files.modelfile), estimated once per file."""
+    return estimate_model(model.gguf)
