@@ -2,8 +2,9 @@
 
 Each step it asks the suffix drafter for its tree (microseconds), prices every prefix of it
 and a model-drafted chain of every length with the calibrated cost model and the running
-acceptance estimates (edgespec.drafters.auto.policy), and hands the verifier the winner: a suffix prefix,
-a model chain, or nothing (a plain step). The draft's ``source`` records the decision, so the
+acceptance estimates (edgespec.drafters.auto.policy), and hands the verifier the winner: a suffix
+prefix, a model draft, or nothing (a plain step). The decision is one value, StepChoice, that
+``propose`` makes and ``observe`` learns from; the draft's ``source`` records it, so the
 per-drafter split of the stats counts the steps of each mode.
 
 A greedy model chain is sized by the drafter's own confidence in each token, calibrated
@@ -17,16 +18,14 @@ chain pays depends on where the drafter turns unsure, not on the average depth i
 
 With ``--draft-tree`` (greedy), the drafter model may instead draft a best-first tree of one of
 TreeSizes' sizes (edgespec.drafters.auto.policy), priced from what each size accepted here:
-the tree or the chain, whichever prices higher, competes with the suffix draft. Replayed on a
-7B offloaded to a third of its weights (benchmarks/RESULTS-gpu.md section 11), trees win on
-code edits (a flat verification curve pays for 63 nodes) and chains on Spec-Bench. A chain's
-price before it is drafted is its average over every step, so where a tree below the menu's
-largest size (63 nodes) prices higher (trees are then accepting little), the chain is drafted
-first and its own confidences price it: a sure chain is verified, an unsure one gives way to
-the tree. Replayed over ten 7B offload curves on the tuning and validation sets this gained 3%
-on code edits and 1% on Spec-Bench; 63-node trees pay on their own there, and a chain drafted
-before each of them too cost code edits 7% against that (RESULTS-gpu section 14). A budget
-below 63 (an answer's last tokens, a smaller --draft-max) sends every tree through a chain.
+the tree or the chain, whichever prices higher, competes with the suffix draft (replayed on a
+partly offloaded 7B, trees win on code edits and chains on Spec-Bench). A chain's price before
+it is drafted is its average over every step, so where a tree below the largest size prices
+higher, the chain is drafted first and its own confidences price it: a sure chain is verified,
+an unsure one gives way to the tree (replayed: +3% on code edits, +1% on Spec-Bench). The
+largest size is drafted without a chain first: that chain cost replayed code edits 7%. A budget
+below the largest size (an answer's last tokens, a smaller --draft-max) sends every tree
+through a chain.
 
 Estimates keep learning while a mode is not chosen: after every step the suffix draft that
 was offered is checked against the token the target actually produced (free), and the model
@@ -38,27 +37,70 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from edgespec.drafters.auto.policy import (ChainStop, ConfidenceCalibration, CostModel, DepthAcceptance,
                                            RatioEstimate, TreeDepthCalibration, best_chain_length, best_tree_prefix,
                                            drafter_gain)
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 
 NAME = "auto"
 MATCH_CLASSES = (1, 4, 12)  # lower bounds of the match-length classes
 MODEL_PRIOR = 0.6  # acceptance per depth assumed of a drafter model before any evidence
 # The drafter's measured gain (tokens over the tokens expected without it): its prior counts as
 # this many tokens; each model step's evidence fades by this factor a step. At 4 tokens, three
-# 63-node trees that missed in a first Spec-Bench answer beside the 9-layer offload (replayed)
-# measured 0.92 and left the drafter out for good (1.45x -> 1.09x); chains replay the same at 4-32.
+# missed 63-node trees at a first Spec-Bench answer left the drafter out for good (replayed: 1.45x -> 1.09x).
 GAIN_WEIGHT, GAIN_DECAY = 16.0, 0.99
 
 
 def match_class(match_len: int) -> int:
     """The class of a suffix match: the largest lower bound not above its length."""
     return max((c for c in MATCH_CLASSES if c <= match_len), default=MATCH_CLASSES[0])
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What the drafter model is priced to draft this step, before it drafts: ``nodes`` tokens
+    (0: nothing), a best-first tree of them if ``tree`` else a chain, at ``rate`` expected tokens/s."""
+
+    nodes: int = 0
+    rate: float = 0.0
+    tree: bool = False
+
+
+NO_PLAN = ModelPlan()
+# A short chain at any price once the drafter went ``probe_every`` steps without one: text
+# changes, and so does the drafter's luck.
+REPROBE = ModelPlan(2, float("inf"))
+
+
+@dataclass(frozen=True)
+class ModelDraft:
+    """What the drafter model drafted this step."""
+
+    verified: DraftTree  # the part handed to the verifier (empty: none of it paid)
+    chain: DraftTree | None = None  # the whole greedy chain drafted: the target's tokens grade it
+    tree_size: int = 0  # nodes of the best-first tree in ``verified`` (0: it is a chain)
+    seconds: float = 0.0  # drafting time, clocked (the drafter's sync with the emitted tokens included)
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """One step's decision: made by ``AutoDrafter.propose``, learned from by ``observe``."""
+
+    offered: DraftTree  # the suffix draft on offer
+    chosen: DraftTree  # what the verifier got: a suffix prefix, a model draft or nothing ("none")
+    floor: float  # tokens/s of the suffix draft's best prefix (or a plain step, MARGIN added): the model's bar
+    counterfactual: float  # tokens/s expected of this step without the model
+    plan: ModelPlan  # what the model was priced at
+    model: ModelDraft | None = None  # what it drafted (None: it was not asked)
+
+    @property
+    def model_chain(self) -> bool:
+        """Whether the verifier got a model chain (whose depths DepthAcceptance learns)."""
+        return self.chosen.source == "model" and not (self.model is not None and self.model.tree_size)
 
 
 class AutoDrafter:
@@ -85,25 +127,15 @@ class AutoDrafter:
         # a guess, after a 20-token match it is usually a copy, whatever the index's counts say.
         self.suffix_calibration = {c: TreeDepthCalibration(max_depth=64, prior=0.5) for c in MATCH_CLASSES}
         self._fresh_model_state()
-        self._greedy = True
-        self._drafted: DraftTree | None = None  # the whole model chain of the current step
-        self._chain_stop: ChainStop | None = None  # the stop rule of the chain being drafted
-        self._floor = 0.0  # tokens/s of the best draft on offer besides the model's chain
-        self._counterfactual = 0.0  # tokens/s expected of the current step without the model
-        self._model_s: float | None = None  # seconds the model drafted this step (None: it did not)
         if memory is not None:
             self._restore(memory.load())
-        self._offered: DraftTree | None = None  # the suffix draft of the current step
-        self._chosen: DraftTree | None = None
+        self._greedy = True  # whether this request decodes greedily (trees and sized chains need it)
         self._steps_since_chain = 0  # steps since the model last drafted a chain (its re-probe)
-        self._tree_size = 0  # the size of this step's model tree (0: a chain or no model draft)
-        self._tree_rate = 0.0  # its expected tokens/s
+        self._pending: StepChoice | None = None  # the step proposed and not yet observed
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
-        # A step of an earlier request that raised before observe() was never verified.
-        self._offered = self._chosen = self._drafted = None
-        self._model_s = None
+        self._pending = None  # a step of an earlier request that raised before observe() was never verified
         self._greedy = sampling is None or sampling.greedy
         self.suffix.begin(prompt, sampling=sampling, rng=rng)
         if self.model is not None:
@@ -175,20 +207,23 @@ class AutoDrafter:
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         if self.model_gain is None and self.model is not None:  # only a loaded drafter is measured
             self.model_gain = RatioEstimate(drafter_gain(self.cost, budget), GAIN_WEIGHT, GAIN_DECAY)
+        choice = self._choose(context, budget)
+        self._steps_since_chain = 0 if choice.model_chain else self._steps_since_chain + 1
+        self._pending = choice
+        return choice.chosen
+
+    def _choose(self, context: Sequence[int], budget: int) -> StepChoice:
+        """The suffix draft's best prefix (or a plain step), unless the model's draft prices higher."""
         offered = self.suffix.propose(context, budget)
-        self._offered = offered
-        probs = self._suffix_path_probs(offered)
-        m, suffix_rate = best_tree_prefix(probs, self.cost, budget)
-        k, model_rate = self._model_choice(budget)
-        self._floor = suffix_rate  # what the model's chain must beat
-        self._counterfactual = suffix_rate if m else 1.0 / self.cost.verify(1)
-        draft = self._timed_model_draft(context, k, budget) if k and model_rate > suffix_rate else DraftTree.empty()
-        if not len(draft):  # no model chain, or none of it paid
-            draft = offered.prefix(m) if m else DraftTree.empty("none")
-        self._chosen = draft
-        chain = draft.source == "model" and not self._tree_size
-        self._steps_since_chain = 0 if chain else self._steps_since_chain + 1
-        return draft
+        m, floor = best_tree_prefix(self._suffix_path_probs(offered), self.cost, budget)
+        plan = self._model_plan(budget)
+        counterfactual = floor if m else 1.0 / self.cost.verify(1)
+        drafted = self._timed_model_draft(context, plan, budget, floor) if plan.nodes and plan.rate > floor else None
+        if drafted is not None and len(drafted.verified):
+            chosen = drafted.verified
+        else:  # no model draft, or none of it paid
+            chosen = offered.prefix(m) if m else DraftTree.empty("none")
+        return StepChoice(offered, chosen, floor, counterfactual, plan, drafted)
 
     def _suffix_path_probs(self, offered: DraftTree) -> list[float]:
         scores = offered.scores
@@ -199,25 +234,23 @@ class AutoDrafter:
     def _calibration(self, offered: DraftTree):
         return self.suffix_calibration[match_class(offered.match_len)]
 
-    def _model_choice(self, budget: int) -> tuple[int, float]:
-        """What the drafter model drafts this step: a chain's length or a tree's size (sets
-        ``_tree_size``; 0 = nothing) and its expected tokens/s."""
-        self._tree_size = 0
+    def _model_plan(self, budget: int) -> ModelPlan:
+        """What the drafter model would draft this step: the chain or the tree that prices
+        higher, a re-probe, or nothing."""
         if self.model is None:
-            return 0, 0.0
+            return NO_PLAN
         # If even a drafter that is always right cannot beat a plain step at these costs
         # (a CPU whose drafter costs half a target pass), never spend a probe on it: each probe
         # first syncs the drafter's cache with everything emitted since its last use.
         if best_chain_length([1.0] * budget, self.cost, budget)[0] == 0:
-            return 0, 0.0
+            return NO_PLAN
         k, rate = best_chain_length(self.model_acceptance.alphas(), self.cost, budget)
         if k == 0 and self._steps_since_chain >= self.probe_every:
-            return 2, float("inf")  # re-probe: text changes, and so does the drafter's luck
+            return REPROBE
         size, tree_rate = self._tree_choice(budget)
         if tree_rate > rate:
-            self._tree_size, self._tree_rate = size, tree_rate
-            return size, tree_rate
-        return k, rate
+            return ModelPlan(size, tree_rate, tree=True)
+        return ModelPlan(k, rate)
 
     def _tree_choice(self, budget: int) -> tuple[int, float]:
         """The best-first tree size this step (0: none) and its expected tokens/s, where the
@@ -228,74 +261,81 @@ class AutoDrafter:
         size = sizes.choose(self.cost, budget)
         if not size:
             return 0, 0.0
-        # A probe of the largest size is priced too: drafted at any price, the probes cut replayed
-        # Spec-Bench beside the 4-layer offload from 1.72x to 1.27x (and code edits 4.61x to 4.54x).
+        # Probes of the largest size are priced too: drafted at any price, they cut replayed
+        # Spec-Bench beside a partly offloaded 7B from 1.72x to 1.27x.
         return size, sizes.rate(self.cost, size)
 
-    def _timed_model_draft(self, context: Sequence[int], k: int, budget: int) -> DraftTree:
+    def _timed_model_draft(self, context: Sequence[int], plan: ModelPlan, budget: int, floor: float) -> ModelDraft:
         start = self.clock()
-        draft = self._model_draft(context, k, budget)
-        self._model_s = self.clock() - start
-        return draft
+        drafted = self._model_draft(context, plan, budget, floor)
+        return replace(drafted, seconds=self.clock() - start)
 
-    def _model_draft(self, context: Sequence[int], k: int, budget: int) -> DraftTree:
-        """A best-first tree of ``k`` nodes (``_tree_choice``), a greedy chain sized by its
-        confidences (module docstring), or, sampling, ``k`` tokens."""
-        if self._tree_size and self._tree_size < self.model.sizes.sizes[-1]:
-            chain, rate = self._chain(context, budget)  # tree or chain, decided by its confidences
-            if rate >= self._tree_rate:
-                self._tree_size = 0
-                return chain
-        if self._tree_size:
-            return self.model.propose(context, k, tree=True).relabel("model")
+    def _model_draft(self, context: Sequence[int], plan: ModelPlan, budget: int, floor: float) -> ModelDraft:
+        """A best-first tree of ``plan.nodes`` nodes, a greedy chain sized by its confidences
+        (module docstring), or, sampling, ``plan.nodes`` tokens."""
+        chain = None
+        if plan.tree and plan.nodes < self.model.sizes.sizes[-1]:
+            verified, chain, rate = self._chain(context, budget, floor)  # tree or chain: its confidences decide
+            if rate >= plan.rate:
+                return ModelDraft(verified, chain)
+        if plan.tree:
+            return ModelDraft(self.model.propose(context, plan.nodes, tree=True).relabel("model"), chain, plan.nodes)
         if not self._greedy:
-            return self.model.propose(context, k).relabel("model")
-        return self._chain(context, budget)[0]
+            return ModelDraft(self.model.propose(context, plan.nodes).relabel("model"))
+        verified, chain, _ = self._chain(context, budget, floor)
+        return ModelDraft(verified, chain)
 
-    def _chain(self, context: Sequence[int], budget: int) -> tuple[DraftTree, float]:
-        """A greedy chain stopped by ChainStop, its prefix with the best expected tokens/s if that
-        beats the suffix draft (else empty), and that rate."""
+    def _chain(self, context: Sequence[int], budget: int, floor: float) -> tuple[DraftTree, DraftTree, float]:
+        """A greedy chain stopped by ChainStop against ``floor``: (its prefix with the best expected
+        tokens/s if that beats ``floor``, else empty; the whole chain; that rate)."""
         shape = {"tree": False} if getattr(self.model, "tree", False) else {}  # a tree drafter's chain
-        chain = self.model.propose(context, budget, stop=self._stop, **shape)
-        self._drafted = chain
+        chain = self.model.propose(context, budget, stop=self._stop_rule(floor), **shape)
         if chain.scores is None or not len(chain):
-            return chain.relabel("model"), 0.0
+            return chain.relabel("model"), chain, 0.0
         n, rate = best_tree_prefix(self.confidence.path_probs(_confidences(chain)), self.cost, len(chain))
-        return chain.prefix(n if rate > self._floor else 0).relabel("model"), rate
+        return chain.prefix(n if rate > floor else 0).relabel("model"), chain, rate
 
-    def _stop(self, confidences: Sequence[float]) -> bool:
-        """ChainStop's rule against the best step on offer besides the chain; asked after every
-        drafted token."""
-        if len(confidences) == 1:  # a new chain
-            self._chain_stop = ChainStop(self.confidence, self.cost, self._floor)
-        return self._chain_stop(confidences[-1])
+    def _stop_rule(self, floor: float) -> Callable[[Sequence[float]], bool]:
+        """ChainStop's rule against ``floor`` (the best step on offer besides the chain), asked
+        with the chain's confidences after every drafted token."""
+        rule = None
+
+        def stop(confidences: Sequence[float]) -> bool:
+            nonlocal rule
+            if len(confidences) == 1:  # a new chain
+                rule = ChainStop(self.confidence, self.cost, floor)
+            return rule(confidences[-1])
+
+        return stop
 
     # -- learning -----------------------------------------------------------------------------
     def observe(self, emitted: Sequence[int]) -> None:
-        chosen, offered = self._chosen, self._offered
-        if chosen is not None and chosen.source == "model" and not self._tree_size:  # chains' depths
-            accepted = len(emitted) - 1
-            self.model_acceptance.update(len(chosen), accepted)
-        drafted, self._drafted = self._drafted, None
+        choice, self._pending = self._pending, None
+        if choice is not None:
+            self._learn(choice, emitted)
+        self.suffix.observe(emitted)
+        if self.model is not None:
+            self.model.observe(emitted)
+
+    def _learn(self, choice: StepChoice, emitted: Sequence[int]) -> None:
+        """What a verified step teaches the estimates; ``emitted``: the target's tokens of it."""
+        if choice.model_chain:  # chains' depths
+            self.model_acceptance.update(len(choice.chosen), len(emitted) - 1)
+        drafted = choice.model.chain if choice.model is not None else None
         if drafted is not None and drafted.scores is not None and len(emitted):
             # the target's continuation grades the whole chain as deep as it reaches
             hits = [int(t) == int(e) for t, e in zip(drafted.tokens, emitted)]
             self.confidence.update(_confidences(drafted)[:len(hits)], hits)
-        if self._model_s is not None and chosen is not None:
+        if choice.model is not None:
             # the step's seconds (drafting measured) against what it would have emitted without the model
-            seconds = self._model_s + self.cost.verify(1 + len(chosen))
-            self.model_gain.update(len(emitted), self._counterfactual * seconds)
-        self._model_s = None
-        scores = offered.scores if offered is not None else None
-        if scores is not None and len(offered) and len(emitted):
+            seconds = choice.model.seconds + self.cost.verify(1 + len(choice.chosen))
+            self.model_gain.update(len(emitted), choice.counterfactual * seconds)
+        offered = choice.offered
+        if offered.scores is not None and len(offered) and len(emitted):
             # The emitted tokens are the target's own continuation, whichever draft was
             # verified: they grade the offered suffix tree as deep as they reach, for free.
             self._calibration(offered).update(offered.tokens.tolist(), offered.parents.tolist(),
-                                              scores.tolist(), list(emitted))
-        self._offered = self._chosen = None
-        self.suffix.observe(emitted)
-        if self.model is not None:
-            self.model.observe(emitted)
+                                              offered.scores.tolist(), list(emitted))
 
 
 def _confidences(chain: DraftTree) -> list[float]:
