@@ -9,12 +9,8 @@ from conftest import DRAFTER, TARGET
 from edgespec.errors import CloneError, InvalidGGUF
 from edgespec.files import clone as clone_mod
 from edgespec.files.clone import CloneShape, write_clone
-from edgespec.files.gguf import (
-    GGML_TYPES,
-    read_gguf,
-    read_gguf_header,
-    tokenizer_fingerprint,
-)
+from edgespec.files.gguf import read_gguf, read_gguf_header, tokenizer_fingerprint
+from edgespec.files.gguf_structure import GGML_TYPES
 
 # A reduced Qwen2.5-0.5B: two blocks, narrow (rows stay multiples of every block size), so
 # that writing and decoding take well under a second.  About 75 MB, most of it the

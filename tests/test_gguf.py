@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 import gguf_corpus as corpus
-from edgespec.files import gguf
+from edgespec.files import gguf_reader as gguf
 from edgespec.errors import InvalidGGUF
-from edgespec.files.gguf import GGML_TYPES, model_info, read_gguf, tokenizer_fingerprint
+from edgespec.files.gguf import model_info, read_gguf, tokenizer_fingerprint
+from edgespec.files.gguf_structure import GGML_TYPES
 
 CASES = list(corpus.MUTATIONS) + ["directory", "missing", "fifo"]
 

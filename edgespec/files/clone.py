@@ -31,13 +31,8 @@ from typing import BinaryIO
 import numpy as np
 
 from edgespec.errors import CloneError
-from edgespec.files.gguf import (
-    GGML_TYPES,
-    GGUF_MAGIC,
-    GGUFHeader,
-    TensorInfo,
-    read_gguf_header,
-)
+from edgespec.files.gguf import GGUFHeader, read_gguf_header
+from edgespec.files.gguf_structure import GGML_TYPES, GGUF_MAGIC, TensorInfo
 
 log = logging.getLogger(__name__)
 
