@@ -331,10 +331,8 @@ class TreeDepthCalibration:
 
 # What best-first trees of the 0.5B drafter accept per size before any is verified here: the mean
 # per step of a replay drafting every step's largest tree over the Spec-Bench tuning questions
-# (128 tokens, benchmarks/replay/traces/specbench-30.json.gz; per output position they accept
-# 2.15-10.62, but steps start where the last one failed; code edits accept 2.2-21.6 a step,
-# learned within a few steps). "Every node accepted" had `auto` draft 63-node trees at the first
-# 16 steps of a Spec-Bench answer beside the 7B offload (replayed) for little.
+# (benchmarks/replay/traces/specbench-30.json.gz). A prior of every node accepted drafted 63-node
+# trees for little at a Spec-Bench answer's first 16 steps (replayed beside a 7B offload).
 PRIOR_TREE_ACCEPTED = {3: 1.76, 7: 3.08, 15: 4.45, 31: 5.88, 63: 7.23}
 
 
@@ -342,36 +340,15 @@ class TreeSizes:
     """Which size of best-first model tree pays (edgespec.spec.tree_search), learned as a level
     and a shape.
 
-    Trees are nested, so every verified tree tells what each smaller size would have accepted,
-    and nothing about larger sizes. The level is what the smallest size accepts (every tree
-    holds it: a fast moving average, ``decay``, starting from its prior, that follows the
-    text); the shape is what each larger size accepts over the smallest, learned only from
-    steps that drafted it (slow, ``shape_decay``, its prior worth ``shape_weight`` steps). A
-    size's expected acceptance is their product, so a small tree that accepted little lowers
-    every size's expectation and leaves the shape of sizes it could not see to their evidence.
-    Priors: PRIOR_TREE_ACCEPTED for its sizes, else every node accepted. Replayed on the 7B
-    `offload` curve (`hybrid-tree`, code edits held out), where always drafting 63 nodes gives
-    5.51x, this gives 4.77x and one moving average per size, which learns nothing of sizes
-    above the tree it saw, 4.50x with 3-node trees at 135 of 145 steps
-    (benchmarks/RESULTS-gpu.md section 11).
-
-    The level moves only on steps that drafted a tree; a ``choose`` after a step that drafted
-    none moves it ``revert`` of the way back to its prior, so after a stretch of steps without
-    trees they are priced again (a level frozen at a run of misses kept trees out for the
-    drafter's life; replayed on the tuning sets, reverting by 0, 0.01, 0.03 and 0.1 a choice
-    scored alike but beside the 4-layer offload, where 0.1 did best on code edits: 4.99x against
-    4.61x). Reverting after steps that did measure it too held the level above what trees
-    accepted (at a steady acceptance ``a`` of the smallest size it settles at 0.50 + 0.71 ``a``
-    with the prior 1.76, so 3-node trees accepting 1.1 priced as 1.3): on the held-out code edits'
-    median 7B curve (of seven) `auto` drafted 3-node trees that cost more than they gained at
-    358 steps (RESULTS-gpu section 13; 4.58x, 5.15x without). Once `auto` checks small trees
-    against the chain it drafts, this changes nothing in aggregate (section 14).
-
-    What a search of each size costs is learned from the searches run (``searched``: seconds;
-    unseen: one drafter decode per node, a chain's price). ``choose`` maximises expected emitted
-    tokens per second over the sizes the caller allows, against a plain step; every
-    ``probe_every`` steps it drafts the largest allowed size (``probing``), so the shape of
-    sizes it stopped choosing keeps being measured.
+    Trees are nested: a verified tree tells what every smaller size would have accepted, nothing
+    of larger ones. So the level (what the smallest size accepts: a fast average, ``decay``) follows
+    the text, and the shape (what each larger size accepts over it: slow, ``shape_decay``) learns
+    only from trees that reached that size; a size is expected to accept their product (replayed
+    on a 7B offload: 4.77x, where one average per size gave 4.50x). After a step without a tree,
+    ``choose`` moves the level ``revert`` of the way back to its prior (PRIOR_TREE_ACCEPTED), so
+    trees that stopped paying are priced again (replayed code edits: 4.99x, 4.61x never reverting).
+    A search's seconds are learned (``searched``); every ``probe_every`` steps ``choose`` drafts the
+    largest allowed size (``probing``), so sizes it stopped choosing keep being measured.
     """
 
     def __init__(self, sizes: Sequence[int], decay: float = 0.8, probe_every: int = 16,
