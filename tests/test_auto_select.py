@@ -192,10 +192,10 @@ def test_trees_that_measured_a_loss_leave_the_drafter_drafting_chains(tmp_path):
     chain name nothing, `auto` loads the drafter for chains (their prior pays at these costs),
     drafts no tree, and counts each request as one the trees sat out; the same AutoDrafter (an
     Engine serves many requests) drafts trees again once their re-probe is due."""
-    from edgespec.bench.replay import MachineCosts, ReplaySettings, _auto, curve
     from edgespec.drafters.auto.memory import REPROBE_AFTER, PolicyMemory, drafter_key
     from edgespec.drafters.auto.policy import TreeSizes
     from edgespec.drafters.model import TREE_SIZES
+    from replay import MachineCosts, ReplaySettings, _auto, curve
 
     costs = MachineCosts("offload-like", ((512, VERIFY),), curve({1: 2.0, 8: 3.0, 64: 8.0}, 1e-3))
     memory = PolicyMemory(tmp_path, "replay")

@@ -1,17 +1,17 @@
-"""Exact replay (edgespec.bench.replay), proved on the exact fake model: a trace recorded from
-plain decoding and a teacher-forced drafter predicts the steps, drafted and accepted tokens and
-every decoded batch of a real speculative run, for each replayable drafter. Plus hand cases of
-the chain rule and the cost model. No model files; seconds."""
+"""Exact replay (benchmarks/replay/replay.py, on pytest's pythonpath), proved on the exact fake
+model: a trace recorded from plain decoding and a teacher-forced drafter predicts the steps,
+drafted and accepted tokens and every decoded batch of a real speculative run, for each
+replayable drafter. Plus hand cases of the chain rule and the cost model. No model files; seconds."""
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 import pytest
+import replay as rp
+import replay_trees as rt
 from fake_model import BOS, FakeContext, FakeModel
 
-from edgespec.bench import replay as rp
-from edgespec.bench import replay_trees as rt
 from edgespec.bench.summary import PLAIN
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
@@ -249,7 +249,7 @@ CURVED = rp.MachineCosts("curved", ((0, rp.curve({1: 1.0, 2: 1.3, 4: 1.6, 8: 2.4
 
 
 def test_ceiling_without_drafts_is_plain_and_bounds_every_replayed_policy(trace):
-    from edgespec.bench.ceiling import ceiling, ceiling_record
+    from ceiling import ceiling, ceiling_record
 
     for p in trace.prompts:
         plain = rp.replay_prompt(p, PLAIN, CURVED, SETTINGS)
@@ -265,7 +265,7 @@ def test_ceiling_without_drafts_is_plain_and_bounds_every_replayed_policy(trace)
 
 
 def test_ceiling_picks_the_cheapest_sequence_of_steps():
-    from edgespec.bench.ceiling import ceiling
+    from ceiling import ceiling
 
     out = [10, 11, 12, 13, 14, 15, 16, 17]
     t = hand_trace(out, [10, 11, 12, 13, 99, 15, 16, 17], [1] * 8, [0] * 8)

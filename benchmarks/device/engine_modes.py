@@ -7,7 +7,7 @@ CUDA buffers, then plain decoding and speculation (model drafter, chains of 8) o
 prompt in the same placement, with tokens/s, drafted/accepted and whether the greedy answers
 agree. Clones accept (almost) nothing, so these speeds are the cost of speculating without
 acceptance, not speedups; speedups come from replaying real acceptance against measured costs
-(edgespec.bench.replay).
+(benchmarks/replay/replay.py).
 """
 from __future__ import annotations
 

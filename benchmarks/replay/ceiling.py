@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from edgespec.bench.replay import MachineCosts, PromptTrace, ReplaySettings
+from replay import MachineCosts, PromptTrace, ReplaySettings
+
 from edgespec.bench.summary import Record
-from edgespec.drafters import suffix_drafter
+from edgespec.drafters.factory import suffix_drafter
 from edgespec.spec.tree_search import accepted_by, accepted_path
 
 SOURCES = ("model", "tree", "suffix")

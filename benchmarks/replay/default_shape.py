@@ -16,8 +16,7 @@ import argparse
 import logging
 from dataclasses import replace
 
-from edgespec.bench import replay as rp
-
+import replay as rp
 from heldout import overall
 from simulate import add_graphs_flag, load_costs, load_traces, median_costs
 

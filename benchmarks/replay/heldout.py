@@ -12,11 +12,11 @@ import argparse
 import logging
 from dataclasses import replace
 
+import replay as rp
 from placements import PLACEMENTS
+from replay import TREE
 from simulate import add_graphs_flag, load_costs, load_traces
 
-from edgespec.bench import replay as rp
-from edgespec.bench.replay import TREE
 from edgespec.bench.summary import OVERALL, summarize
 
 

@@ -22,11 +22,10 @@ import logging
 from collections import Counter
 from dataclasses import replace
 
+import replay as rp
 from heldout import speedup_cell
+from replay import CostModel, MachineCosts
 from simulate import load_costs, load_traces
-
-from edgespec.bench import replay as rp
-from edgespec.bench.replay import CostModel, MachineCosts
 
 SETS = "specbench-30-test,specbench-30-test2,specbench-30-test3,specbench-30-test4"
 MMVQ_MAX_ROWS = 8  # llama.cpp's MMVQ_MAX_BATCH_SIZE: larger batches go to mmq

@@ -21,10 +21,9 @@ import json
 import logging
 from dataclasses import replace
 
+import replay as rp
 from heldout import overall
 from simulate import DEVICE_CURVES, add_graphs_flag, load_traces, median_costs
-
-from edgespec.bench import replay as rp
 
 BESIDE = "offload-7b-beside-drafter"
 LAYOUTS = {  # name: (mapped curve, pinned samples at the threshold edgespec sets)

@@ -1,5 +1,5 @@
 """Replays traces on every GPU placement at once: overall speedup per configuration, plus the
-ceiling of any draft-size policy (edgespec.bench.ceiling), as one JSON file and one table.
+ceiling of any draft-size policy (ceiling.py), as one JSON file and one table.
 
     .venv/bin/python benchmarks/replay/placements.py --traces specbench-30,code-edit \
         --configs plain,suffix,model,hybrid,auto --json out.json
@@ -17,10 +17,10 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+import replay as rp
+from ceiling import CEILING, ceiling_record
 from simulate import add_graphs_flag, load_costs, load_traces
 
-from edgespec.bench import replay as rp
-from edgespec.bench.ceiling import CEILING, ceiling_record
 from edgespec.bench.summary import OVERALL, summarize
 
 PLACEMENTS = ("gpu-1.5b", "gpu-7b", "offload-7b", "offload-7b-beside-drafter", "draft-gpu-7b")

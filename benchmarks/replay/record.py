@@ -1,4 +1,4 @@
-"""Records replay traces (edgespec.bench.replay) for a benchmark suite with the real models.
+"""Records replay traces (replay.py) for a benchmark suite with the real models.
 
 Per prompt, exactly as `edgespec bench --share-prefill` runs plain decoding (same engine
 settings, prompts in file order, the prompt's head shared in the KV cache): the plain greedy
@@ -20,12 +20,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from edgespec.bench import replay as rp
+import replay as rp
+
 from edgespec.bench.machine import describe
 from edgespec.bench.prompts import load_suite, select
 from edgespec.bench.runner import BenchSettings, _prompt_tokens, _share_prefill
 from edgespec.decode.loop import Decoder
-from edgespec.drafters import DraftConfig, default_draft_model, load_model_drafter
+from edgespec.drafters import DraftConfig, default_draft_model
+from edgespec.drafters.factory import load_model_drafter
 from edgespec.drafters.model import MAX_TREE_NODES
 from edgespec.engine import Engine, EngineConfig
 from edgespec.memory.placements import CHAINS

@@ -1,4 +1,4 @@
-"""Adds best-first model-tree records (edgespec.bench.replay_trees) to recorded traces.
+"""Adds best-first model-tree records (replay_trees.py) to recorded traces.
 
 The prompts and plain outputs come from an existing trace (benchmarks/replay/record.py); only
 the drafter model runs here, at every output position, for every budget of the menu.
@@ -14,8 +14,9 @@ import logging
 import time
 from pathlib import Path
 
-from edgespec.bench import replay as rp
-from edgespec.bench import replay_trees as rt
+import replay as rp
+import replay_trees as rt
+
 from edgespec.bench.machine import describe
 from edgespec.files.store import ModelStore
 from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel

@@ -18,10 +18,10 @@ plain output while the drafter's argmax equals it (``top[q] == output[q]``) and 
 stays above ``min_confidence``; at the first miss it drafts ``top[q]`` and then ``off_run[q]``
 further tokens off the plain path (recorded once per miss, since that continuation does not
 depend on where the chain started). Model-drafted trees are replayed from their own records
-(edgespec.bench.replay_trees).
+(replay_trees.py).
 
 Vocabulary as in edgespec.spec.tree. Record with ``benchmarks/replay/record.py``, replay with
-``benchmarks/replay/replay.py``.
+``benchmarks/replay/simulate.py``.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams, greedy_logprob, log_softmax
 from edgespec.decode.tokens import common_prefix
-from edgespec.drafters import suffix_drafter
+from edgespec.drafters.factory import suffix_drafter
 from edgespec.drafters.auto.drafter import AutoDrafter
 from edgespec.drafters.auto.memory import PolicyMemory, draft_shape_name
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
@@ -59,7 +59,7 @@ VERSION = 1
 OFF_PATH = -1  # token id standing for a drafted token off the plain path (never accepted)
 # "model-overlap": the model drafter drafting ahead while the target verifies (SpeculativeStep's
 # overlap), the drafting booked only where it outlasts the verification.
-# "-tree": the model drafter drafting best-first trees sized by TreeSizes (edgespec.bench.replay_trees);
+# "-tree": the model drafter drafting best-first trees sized by TreeSizes (replay_trees.py);
 # "auto-tree": `auto` whose drafter model drafts, per step, a chain or a tree (`--draft-tree`).
 CONFIGS = (PLAIN, "suffix", "model", "hybrid", "auto", "model-overlap", "model-tree", "hybrid-tree", "auto-tree")
 TREE = "-tree"
@@ -105,7 +105,7 @@ class DrafterTrace:
 class TreeTrace:
     """Per output position q (a tree drafted after ``output[:q]``), per budget k of ``budgets``:
     accepted nodes, rounds and expansions of the search; ``ranks[q]``: node indices of the
-    accepted path in the tree of the largest budget. Recorded by edgespec.bench.replay_trees."""
+    accepted path in the tree of the largest budget. Recorded by replay_trees.py."""
 
     budgets: tuple[int, ...]
     accepted: tuple[tuple[int, ...], ...]
@@ -145,7 +145,7 @@ class PromptTrace:
     output: tuple[int, ...]  # plain greedy output; ends with the EOG token when finish == "stop"
     finish: str  # "stop" (EOG) | "length"
     drafter: DrafterTrace | None = None
-    trees: TreeTrace | None = None  # best-first model trees (edgespec.bench.replay_trees)
+    trees: TreeTrace | None = None  # best-first model trees (replay_trees.py)
 
     @property
     def eog(self) -> int | None:
@@ -595,7 +595,7 @@ def make_drafter(config: str, trace: PromptTrace, ledger: Ledger, costs: Machine
     if config == "suffix":
         return suffix_drafter(settings.draft_max)
     if config.endswith(TREE):
-        from edgespec.bench.replay_trees import TraceTreeDrafter
+        from replay_trees import TraceTreeDrafter
 
         auto = config == "auto" + TREE  # auto sizes the trees itself: the drafter takes its size
         model = TraceTreeDrafter(trace, ledger, settings.n_ctx, cache, sizes, None if auto else costs.policy_model())

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.bench.replay import OFF_PATH, Ledger, PromptTrace, TraceChainDrafter, TreeTrace, teacher_forced
+from replay import OFF_PATH, Ledger, PromptTrace, TraceChainDrafter, TreeTrace, teacher_forced
+
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.model import MAX_EXPANSIONS, TREE_SIZES
 from edgespec.drafters.tree_kv import PathKV

@@ -4,11 +4,11 @@
         --configs plain,suffix,model,hybrid,auto [--max-tokens 256] [--draft-max 32] [--json out.json] \
         [--ceiling model,tree,suffix]
 
-``--costs``: a JSON file in edgespec.bench.replay.costs_from_json's format, ``cpu-dev`` (this
+``--costs``: a JSON file in replay.costs_from_json's format, ``cpu-dev`` (this
 development VM, benchmarks/replay/costs/cpu-dev.json, measured by measure_cpu.py), or a
 placement of benchmarks/device/results/curves.json (``PLACEMENTS`` below). Replay needs no
 model and no lock; it takes seconds. ``--ceiling SOURCES`` adds the row ``ceiling``: the best any
-draft-size policy could do with those recorded drafts (edgespec.bench.ceiling).
+draft-size policy could do with those recorded drafts (ceiling.py).
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from edgespec.bench import replay as rp
-from edgespec.bench.ceiling import SOURCES, ceiling_record
+import replay as rp
+from ceiling import SOURCES, ceiling_record
+
 from edgespec.bench.report import _cell
 from edgespec.bench.summary import OVERALL, PLAIN, summarize
 

@@ -16,9 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+import replay as rp
 from simulate import add_graphs_flag, load_costs, load_traces
-
-from edgespec.bench import replay as rp
 
 
 class _Recorder(rp.Ledger):

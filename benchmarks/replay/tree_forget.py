@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from edgespec.bench import replay as rp
+import replay as rp
+
 from edgespec.drafters.model import MAX_EXPANSIONS, MAX_TREE_NODES, ModelDrafter
 from edgespec.drafters.tree_kv import PathKV
 from edgespec.files.store import ModelStore

@@ -15,9 +15,9 @@ import logging
 from pathlib import Path
 from statistics import mean
 
+import replay as rp
 from simulate import add_graphs_flag, load_costs, load_traces
 
-from edgespec.bench import replay as rp
 from edgespec.bench.summary import PLAIN, Record
 
 log = logging.getLogger("validate")
