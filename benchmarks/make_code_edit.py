@@ -1,4 +1,4 @@
-"""Builds the ``code-edit`` benchmark suite: ``benchmarks/code_edit.jsonl``.
+"""Builds the ``code-edit`` benchmark suite: ``edgespec/bench/suites/code-edit.jsonl``.
 
 Every request asks the model to edit real Python code and answer with the full modified code,
 the workload where drafting from the prompt (suffix index) and from a small model pays most.
@@ -24,12 +24,13 @@ object's qualified name (null for a whole module) and the licence.
 
 The output is deterministic for a given set of installed packages: files are traversed in
 sorted order and every choice is made by sorting on fixed keys (a SHA-256 of names, no RNG).
-When package versions change, rerun it and check the new file in::
+When package versions change, rerun it and check the new files in (in edgespec/bench/suites/,
+package data)::
 
-    .venv/bin/python benchmarks/make_code_edit.py            # writes benchmarks/code_edit.jsonl
-    .venv/bin/python benchmarks/make_code_edit.py --check    # exit 1 if the file would change
-    .venv/bin/python benchmarks/make_code_edit.py --validation   # benchmarks/code_edit_validation.jsonl
-    .venv/bin/python benchmarks/make_code_edit.py --test         # benchmarks/code_edit_test.jsonl
+    .venv/bin/python benchmarks/make_code_edit.py               # writes code-edit.jsonl
+    .venv/bin/python benchmarks/make_code_edit.py --check       # exit 1 if the file would change
+    .venv/bin/python benchmarks/make_code_edit.py --validation  # code-edit-validation.jsonl
+    .venv/bin/python benchmarks/make_code_edit.py --test        # code-edit-test.jsonl
 
 Stdlib only.
 """
@@ -50,7 +51,8 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent / "code_edit.jsonl"
+# The suites ship as package data, where `edgespec bench --suite` reads them.
+OUT = Path(__file__).resolve().parents[1] / "edgespec" / "bench" / "suites" / "code-edit.jsonl"
 
 # Distributions read, in no particular order (the selection orders them by hash).
 PACKAGES = (
@@ -60,13 +62,13 @@ PACKAGES = (
     "urllib3",
 )
 # The validation suite (``--validation``): other installed distributions, none of the above, so
-# that a policy tuned on code_edit.jsonl is reported on code it never saw.
+# that a policy tuned on code-edit.jsonl is reported on code it never saw.
 VALIDATION_PACKAGES = (
     "anyio", "click", "contourpy", "cycler", "fonttools", "h11", "httpcore2", "httpx2",
     "kiwisolver", "onnx", "openai", "pydantic", "pyparsing", "pytest", "python-dateutil", "scipy",
     "sniffio", "starlette", "uvicorn",
 )
-VALIDATION_OUT = OUT.with_name("code_edit_validation.jsonl")
+VALIDATION_OUT = OUT.with_name("code-edit-validation.jsonl")
 # The test suite (``--test``): distributions in neither list above, read once a policy is
 # settled on the tuning suite and the validation suite has been looked at (typing-inspection
 # yields no request under the rules below: nine packages do).
@@ -74,7 +76,7 @@ TEST_PACKAGES = (
     "execnet", "matplotlib", "ml-dtypes", "onnxruntime", "pillow", "protobuf", "pytest-xdist",
     "setuptools", "truststore", "typing-inspection",
 )
-TEST_OUT = OUT.with_name("code_edit_test.jsonl")
+TEST_OUT = OUT.with_name("code-edit-test.jsonl")
 # SPDX ids (or classifier names mapped to them) accepted as permissive.
 PERMISSIVE = {"MIT", "BSD", "BSD-2-Clause", "BSD-3-Clause", "0BSD", "Apache-2.0", "ISC", "Zlib",
               "CC0-1.0", "PSF-2.0", "MIT-CMU"}

@@ -34,7 +34,9 @@ REPEATS = 5
 
 
 def _context(model) -> list[int]:
-    lines = (REPO / "benchmarks" / "code_edit.jsonl").read_text(encoding="utf-8").splitlines()
+    from edgespec.bench.prompts import SUITES
+
+    lines = SUITES["code-edit"].read_text(encoding="utf-8").splitlines()
     text = "\n".join(json.loads(line)["turns"][0] for line in lines[:3])
     return model.tokenize(text)[:CONTEXT_TOKENS]
 

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from edgespec.bench.peers import NATIVE_PLAIN
-from edgespec.bench.prompts import SPECBENCH_CATEGORY, SPLITS, conversation, load_prompts, load_suite, select
+from edgespec.bench.prompts import SPECBENCH_CATEGORY, SPLITS, SUITES, conversation, load_prompts, load_suite, select
 from edgespec.bench.report import markdown
 from edgespec.bench.runner import BenchSettings, validate_configs
 from edgespec.bench.summary import OVERALL, PLAIN, Record, has_native_plain, interleaved_order, summarize
 from edgespec.errors import InvalidRequest
 
 EDGESPEC = str(Path(sys.executable).with_name("edgespec"))
-REPO = Path(__file__).resolve().parents[1]
 
 
 def rec(pid, cat, cfg, tokens, secs, steps=0, drafted=0, accepted=0, repeat=0, turn=1):
@@ -78,8 +77,8 @@ def test_validation_and_test_suites_come_from_other_packages():
     tuned, fresh, test = load_suite("code-edit"), load_suite("code-edit-validation"), load_suite("code-edit-test")
     assert {p.category for p in fresh} == {p.category for p in tuned} == {p.category for p in test}
     assert len({p.id for p in tuned} | {p.id for p in fresh} | {p.id for p in test}) == len(tuned + fresh + test)
-    rows = [json.loads(line) for path in ("code_edit.jsonl", "code_edit_validation.jsonl", "code_edit_test.jsonl")
-            for line in (REPO / "benchmarks" / path).read_text().splitlines()]
+    rows = [json.loads(line) for name in ("code-edit", "code-edit-validation", "code-edit-test")
+            for line in SUITES[name].read_text().splitlines()]
     packages = [{r["source"]["package"] for r in rows if r["id"].startswith(prefix)}
                 for prefix in ("code-edit-0", "code-edit-v", "code-edit-t")]
     assert all(packages) and not (packages[0] & packages[1] or packages[0] & packages[2] or packages[1] & packages[2])

@@ -1,7 +1,7 @@
-"""The checked-in ``code-edit`` benchmark suite (benchmarks/code_edit.jsonl) is well formed.
+"""The checked-in ``code-edit`` suites (edgespec/bench/suites/code-edit*.jsonl) are well formed.
 
-It is made by benchmarks/make_code_edit.py from real source files of installed packages; these
-tests check the file itself: shape, categories, valid code, meaningful edit targets, sizes that
+They are made by benchmarks/make_code_edit.py from real source files of installed packages; these
+tests check the files themselves: shape, categories, valid code, meaningful edit targets, sizes that
 fit the benchmark's 4096-token context, and (where the same versions are installed) that each
 piece of code really is what the recorded package file contains.
 """
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-SUITES = {"code-edit-": BENCH / "code_edit.jsonl", "code-edit-v": BENCH / "code_edit_validation.jsonl",
-          "code-edit-t": BENCH / "code_edit_test.jsonl"}
+from edgespec.bench.prompts import SUITES as FILES
+
+SUITES = {"code-edit-": FILES["code-edit"], "code-edit-v": FILES["code-edit-validation"],
+          "code-edit-t": FILES["code-edit-test"]}
 CATEGORIES = ("type-hints", "rename", "docstrings", "dataclass")
 MAX_PROMPT_CHARS = 6000
 MAX_PROMPT_TOKENS = 2000

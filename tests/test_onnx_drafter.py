@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
+from edgespec.bench.prompts import SUITES
 from edgespec.decode.sampling import SamplingParams, target_probs
 from edgespec.drafters.onnx import OnnxDrafter, make_onnx_drafter
 from edgespec.errors import IncompatibleModels, InvalidRequest
@@ -24,7 +25,6 @@ from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
 from edgespec.onnx.session import OnnxLM
 
 DRAFTER = "qwen2.5-coder-0.5b"
-REPO = Path(__file__).resolve().parent.parent
 TIE = 1.0  # logits: above the 0.46 measured between one-row and many-row passes
 N_CTX = 2048
 
@@ -57,7 +57,7 @@ def llama_drafter(source):
 @pytest.fixture(scope="module")
 def prompts(llama_drafter) -> list[list[int]]:
     """Two real code-edit requests, 160 tokens each."""
-    lines = (REPO / "benchmarks" / "code_edit.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = SUITES["code-edit"].read_text(encoding="utf-8").splitlines()
     texts = [json.loads(line)["turns"][0] for line in lines[:2]]
     return [llama_drafter.tokenize(t)[:160] for t in texts]
 

@@ -14,16 +14,18 @@ from pathlib import Path
 
 from edgespec.errors import InvalidRequest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-SUITES = {
-    "specbench": BENCH_DIR / "specbench" / "question.jsonl",
-    "code-edit": BENCH_DIR / "code_edit.jsonl",
+# One file per suite, shipped as package data (pyproject.toml) so `bench --suite` finds them in
+# any install, not only in a checkout of the repository.
+SUITE_DIR = Path(__file__).resolve().parent / "suites"
+SUITES = {name: SUITE_DIR / f"{name}.jsonl" for name in (
+    "specbench",
+    "code-edit",
     # Built the same way from other installed packages (benchmarks/make_code_edit.py
     # --validation): code the policy was never tuned on.
-    "code-edit-validation": BENCH_DIR / "code_edit_validation.jsonl",
+    "code-edit-validation",
     # And from a third set of packages (--test): read once a policy is settled.
-    "code-edit-test": BENCH_DIR / "code_edit_test.jsonl",
-}
+    "code-edit-test",
+)}
 # --split: `tune` takes --limit evenly spaced prompts per category (the ones every tuning run
 # used); `validate` the prompts halfway between them, a disjoint set to report on; `test` those
 # a quarter of the way, disjoint from both, for a policy settled after `validate` was seen;
