@@ -18,8 +18,9 @@ from rich.table import Table
 
 from edgespec.cli import app
 from edgespec.units import format_bytes
-from edgespec.files.store import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
-                            PHASE_VERIFY, PHASE_WAITING, ModelStore, PullEvent)
+from edgespec.files.store import ModelStore
+from edgespec.files.store_pull import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
+                                       PHASE_VERIFY, PHASE_WAITING, PullEvent)
 
 models_app = typer.Typer(
     help="Manage the offline model store: pull, list, info, import, rm.",

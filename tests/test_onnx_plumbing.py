@@ -20,7 +20,8 @@ from edgespec.errors import (
     StoreError,
     UnknownProvider,
 )
-from edgespec.files.store import ModelStore, converted_onnx_dirs
+from edgespec.files.store import ModelStore
+from edgespec.files.store_remove import converted_onnx_dirs
 from edgespec.memory import planner
 from edgespec.memory.footprint import (
     ONNX_SIZE_RATIO,

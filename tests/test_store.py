@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.files import store as store_module
+from edgespec.files import store_pull as store_module
 from edgespec.errors import IntegrityError, InvalidGGUF, ModelNotFound, StoreError
 from edgespec.files.manifest import ChunkPart, ManifestError, load_builtin, load_file, parse
-from edgespec.files.store import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
-                            PHASE_VERIFY, PHASE_WAITING, ModelStore, PullEvent)
+from edgespec.files.store import ModelStore
+from edgespec.files.store_pull import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOAD, PHASE_PRESENT,
+                                       PHASE_VERIFY, PHASE_WAITING, PullEvent)
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m"
