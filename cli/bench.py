@@ -17,7 +17,6 @@ from edgespec.bench.summary import OVERALL, has_native_plain
 from edgespec.cli import app
 from edgespec.cli import common as c
 from edgespec.errors import InvalidRequest
-from edgespec.units import parse_bytes
 
 
 def _fmt(x, spec: str) -> str:
@@ -102,24 +101,23 @@ def bench(
     """Benchmark plain decoding against speculative configurations and peers."""
     if (suite is None) == (prompts is None):
         raise InvalidRequest("pass exactly one of --suite or --prompts")
-    from edgespec.drafters import check_onnx_options
-
-    check_onnx_options(onnx_provider, onnx_bits)  # before the target loads
+    # Bad options are refused here, before the target loads.
+    engine = c.engine_config(model=model, draft_model=draft_model, ctx=ctx, threads=threads, draft_max=draft_max,
+                             draft_tree=draft_tree, recheck_gap=recheck_gap, onnx_provider=onnx_provider,
+                             onnx_bits=onnx_bits, ram_budget=ram_budget, vram_budget=vram_budget,
+                             placement=placement, exact=exact, flash_attn=flash_attn)
     items = select(load_suite(suite) if suite else load_prompts(prompts), limit, split)
-    settings = BenchSettings(model=model, draft_model=draft_model, max_tokens=max_tokens,
-                             temperature=temperature, seed=seed, n_ctx=ctx, threads=threads,
-                             draft_max=draft_max, draft_tree=draft_tree, repeats=repeat,
-                             ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
-                             share_prefill=share_prefill, recheck_gap=recheck_gap,
-                             onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement, turns=turns,
-                             vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None,
-                             exact=exact, flash_attn=flash_attn)
+    settings = BenchSettings(engine, max_tokens=max_tokens, temperature=temperature, seed=seed, repeats=repeat,
+                             share_prefill=share_prefill, turns=turns)
     err = Console(stderr=True, highlight=False)
+    result = run_bench(items, [x.strip() for x in configs.split(",") if x.strip()], settings,
+                       lambda n, total, pid, config: err.print(f"[{n + 1}/{total}] {pid} {config}", end="\r"))
+    _report(result, err, repeat, json_out, plot, markdown, suite or str(prompts))
 
-    def progress(n: int, total: int, pid: str, config: str) -> None:
-        err.print(f"[{n + 1}/{total}] {pid} {config}", end="\r")
 
-    result = run_bench(items, [x.strip() for x in configs.split(",") if x.strip()], settings, progress)
+def _report(result, err: Console, repeat: int, json_out: Optional[Path], plot: Optional[Path],
+            markdown: Optional[Path], title: str) -> None:
+    """The tables on stdout, the spread over repeats on stderr, and the files asked for."""
     summary = result.summary
     out = Console(highlight=False)
     out.print(render_table(summary))
@@ -134,12 +132,12 @@ def bench(
         json_out.write_text(json.dumps(result.to_dict(), indent=1))
         err.print(f"wrote {json_out}")
     if plot:
-        err.print(f"wrote {plot_speedups(summary, plot, title=suite or str(prompts))}")
+        err.print(f"wrote {plot_speedups(summary, plot, title=title)}")
     if markdown:
         import sys
 
         from edgespec.bench.report import markdown as to_markdown
 
         command = "edgespec " + " ".join(sys.argv[1:])
-        markdown.write_text(to_markdown(result.to_dict(), suite or str(prompts), command))
+        markdown.write_text(to_markdown(result.to_dict(), title, command))
         err.print(f"wrote {markdown}")

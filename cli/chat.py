@@ -154,31 +154,36 @@ def chat(
     request = GenerationRequest(
         max_tokens=max_tokens,
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
-    with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
-                               draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits,
-                               vram_budget, placement, exact, flash_attn) as engine:
-        session = ChatSession(engine, request, system)
-        write = _writer(show_drafts)
+    with c.engine_from_options(
+            model=model, ctx=ctx, threads=threads, n_gpu_layers=n_gpu_layers, draft=draft, draft_max=draft_max,
+            draft_tree=draft_tree, draft_model=draft_model, ram_budget=ram_budget, recheck_gap=recheck_gap,
+            onnx_provider=onnx_provider, onnx_bits=onnx_bits, vram_budget=vram_budget, placement=placement,
+            exact=exact, flash_attn=flash_attn) as engine:
         typer.echo(f"edgespec chat with {model} - /help for commands", err=True)
-        while True:
-            message = read_message()
-            if message is None or message.strip() in ("/exit", "/quit", "/bye"):
-                break
-            command = message.strip()
-            if not command:
-                continue
-            if command == "/reset":
-                session.reset()
-                typer.echo("conversation cleared", err=True)
-            elif command == "/stats":
-                typer.echo(session.stats_text(), err=True)
-            elif command == "/help":
-                typer.echo(HELP, err=True)
-            elif command.startswith("/") and " " not in command:
-                typer.echo(f"unknown command {command}; /help lists them", err=True)
-            else:
-                done = session.answer(message, write)
-                write("\n")
-                if done.finish_reason == "cancelled":
-                    typer.echo("[stopped]", err=True)
-                typer.echo(c.stats_line(done.stats), err=True)
+        _loop(ChatSession(engine, request, system), _writer(show_drafts))
+
+
+def _loop(session: ChatSession, write) -> None:
+    """Reads messages and commands until /exit or end of input, answering each message."""
+    while True:
+        message = read_message()
+        if message is None or message.strip() in ("/exit", "/quit", "/bye"):
+            break
+        command = message.strip()
+        if not command:
+            continue
+        if command == "/reset":
+            session.reset()
+            typer.echo("conversation cleared", err=True)
+        elif command == "/stats":
+            typer.echo(session.stats_text(), err=True)
+        elif command == "/help":
+            typer.echo(HELP, err=True)
+        elif command.startswith("/") and " " not in command:
+            typer.echo(f"unknown command {command}; /help lists them", err=True)
+        else:
+            done = session.answer(message, write)
+            write("\n")
+            if done.finish_reason == "cancelled":
+                typer.echo("[stopped]", err=True)
+            typer.echo(c.stats_line(done.stats), err=True)

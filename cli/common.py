@@ -7,16 +7,18 @@ from typing import Any
 
 import typer
 
-from edgespec.engine import DEFAULT_MODEL, Engine, EngineConfig
+from edgespec.config import DEFAULT_CTX, DEFAULT_DRAFT, DEFAULT_MODEL, EngineConfig
+from edgespec.engine import Engine
 from edgespec.errors import InvalidRequest
-from edgespec.memory.placements import MAX_DRAFT
+from edgespec.llama.kernels import KV_CACHE_TYPES
+from edgespec.memory.placements import CHAINS, MAX_DRAFT, NAMES as PLACEMENTS, TREES
 from edgespec.decode.events import GenerationStats
 from edgespec.decode.sampling import SamplingParams
 from edgespec.units import format_bytes, parse_bytes
 
 # Typer options reused by several verbs; defaults follow llama.cpp's sampler defaults.
 MODEL = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name from the store or path to a .gguf file.")
-CTX = typer.Option(4096, "--ctx", "-c", min=16, help="Context size in tokens.")
+CTX = typer.Option(DEFAULT_CTX, "--ctx", "-c", min=16, help="Context size in tokens.")
 THREADS = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores).")
 GPU_LAYERS = typer.Option(0, "--n-gpu-layers", "-ngl", help="Layers to offload to a GPU (-1: all).")
 TEMPERATURE = typer.Option(0.8, "--temperature", "--temp", min=0.0, help="0 means greedy decoding.")
@@ -28,13 +30,13 @@ SEED = typer.Option(None, "--seed", "-s", help="Random seed for sampling (defaul
 MAX_TOKENS = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens to generate.")
 SYSTEM = typer.Option(None, "--system", help="System message.")
 STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
-DRAFT = typer.Option("auto", "--draft", "-d",
+DRAFT = typer.Option(DEFAULT_DRAFT, "--draft", "-d",
                      help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path.")
 DRAFT_MAX = typer.Option(None, "--draft-max", min=1, max=MAX_DRAFT,
-                         help="Most drafted tokens per step (default 32; for auto 63 where the planner "
-                              "verifies through a GPU or puts the drafter on one).")
+                         help=f"Most drafted tokens per step (default {CHAINS.draft_max}; for auto "
+                              f"{TREES.draft_max} where the planner verifies through a GPU or puts the drafter on one).")
 DRAFT_TREE = typer.Option(None, "--draft-tree/--no-draft-tree",
-                          help="Greedy: the model drafter may draft best-first trees of up to 63 nodes (`auto`: "
+                          help=f"Greedy: the model drafter may draft best-first trees of up to {TREES.draft_max} nodes (`auto`: "
                                "a tree or a chain per step, whichever prices higher). Default: on for auto "
                                "where the planner verifies through a GPU or puts the drafter on one.")
 RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
@@ -43,43 +45,45 @@ RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
 EXACT = typer.Option(False, "--exact",
                      help="Greedy speculation returns plain greedy's answer bit for bit: batch-invariant "
                           "CPU kernels (no weight repacking, flash attention over a q8_0 cache, llama.cpp's "
-                          "tiled matmul off) and chain drafts. The target must run on the CPU; on the "
-                          "2-core test VM plain decoding is 5-10% slower and a 16-token verification "
-                          "costs twice as much.")
+                          "tiled matmul off) and chain drafts. The target must run on the CPU; plain "
+                          "decoding is 5-10% slower and a 16-token verification costs about twice as much.")
 FLASH_ATTN = typer.Option(None, "--flash-attn/--no-flash-attn",
                           help="The target's attention kernel (default: off for a target on the CPU with an f16 "
-                               "cache, else llama.cpp's choice). On the 2-core test VM it makes one-token decodes "
-                               "3-7% faster at 20-128 tokens of context and 16-token verifications 29% slower "
-                               "at 1024.")
+                               "cache, where it slows multi-token verification at long contexts; else llama.cpp's choice).")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
 ONNX_PROVIDER = typer.Option("cpu", "--onnx-provider",
                              help="--draft onnx: onnxruntime execution provider, cpu | cuda | tensorrt | dml | "
                                   "openvino | qnn | coreml (one absent or refusing the graph falls back to cpu).")
 ONNX_BITS = typer.Option("exact", "--onnx-bits",
                          help="--draft onnx: which conversion, exact (the GGUF's blocks) | 4 (4-bit, smaller, faster).")
-RAM_BUDGET = typer.Option(None, "--ram-budget",
+def _bytes(value: str | None) -> int | None:
+    """A byte size option (2GiB, 2048M, bytes), refused as bad usage when it is not one."""
+    try:
+        return parse_bytes(value) if value is not None else None
+    except InvalidRequest as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+RAM_BUDGET = typer.Option(None, "--ram-budget", callback=_bytes,
                           help="Resident memory limit (2GiB, 2048M, bytes): the planner fits everything under it.")
-VRAM_BUDGET = typer.Option(None, "--vram-budget",
+VRAM_BUDGET = typer.Option(None, "--vram-budget", callback=_bytes,
                            help="GPU memory limit, like --ram-budget (default with --placement: free VRAM - margin).")
+KV_TYPE = typer.Option(None, "--kv-type",
+                       help=f"KV cache type: {' | '.join(KV_CACHE_TYPES)} (default: f16, or the planner's choice).")
 PLACEMENT = typer.Option(None, "--placement",
-                         help="Where target and drafter run: gpu | offload | draft-gpu | overlap | cpu "
+                         help=f"Where target and drafter run: {' | '.join(PLACEMENTS)} "
                               "(default: the planner's choice when a budget is given; see `edgespec plan`). "
                               "overlap: draft-gpu with the drafter drafting ahead during verification.")
 
 
-def engine_from_options(model: str, ctx: int, threads: int | None, n_gpu_layers: int,
-                        draft: str = "auto", draft_max: int | None = None, draft_tree: bool | None = None,
-                        draft_model: str | None = None, ram_budget: str | None = None,
-                        recheck_gap: float = 0.0, onnx_provider: str = "cpu", onnx_bits: str = "exact",
-                        vram_budget: str | None = None, placement: str | None = None,
-                        exact: bool = False, flash_attn: bool | None = None) -> Engine:
+def engine_config(ctx: int = DEFAULT_CTX, threads: int | None = None, **options) -> EngineConfig:
+    """The EngineConfig of a verb's options (the CLI's short names for n_ctx and n_threads)."""
+    return EngineConfig(n_ctx=ctx, n_threads=threads, **options)
+
+
+def engine_from_options(**options) -> Engine:
     """Loads the target and its drafter (errors are typed and become one-line CLI messages)."""
-    return Engine(EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                               draft=draft, draft_max=draft_max, draft_tree=draft_tree, recheck_gap=recheck_gap,
-                               draft_model=draft_model, ram_budget=parse_bytes(ram_budget) if ram_budget is not None else None,
-                               onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
-                               vram_budget=parse_bytes(vram_budget) if vram_budget is not None else None,
-                               exact=exact, flash_attn=flash_attn))
+    return Engine(engine_config(**options))
 
 
 def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: float,

@@ -1,4 +1,4 @@
-"""`edgespec plan`: where a target and its drafter would go under a memory budget, without loading."""
+"""`edgespec plan`: what `edgespec run` would load with the same options, without loading it."""
 from __future__ import annotations
 
 from typing import Optional
@@ -7,164 +7,71 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from edgespec.memory import planner
 from edgespec.cli import app
 from edgespec.cli import common as c
-from edgespec.cli.common import MODEL, print_json
-from edgespec.errors import InvalidRequest, ModelNotFound
+from edgespec.cli.common import print_json
 from edgespec.files.store import ModelStore
-from edgespec.units import parse_bytes
-from dataclasses import replace
-
-def _drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFootprint, target_gguf,
-                 store: ModelStore) -> tuple[planner.ModelFootprint | None, bool, list[str], object]:
-    """(drafter footprint or None, whether the suffix drafter runs, notes, its path) for a --draft value."""
-    from edgespec.drafters import DEFAULT_DRAFT_MODELS, KINDS, drafter_model_path, kind_of
-    from edgespec.files.modelfile import model_file
-    from edgespec.files.vocab import check_compatible
-
-    declared = kind_of(kind)
-    notes: list[str] = []
-    try:
-        path = drafter_model_path(kind, draft_model, target_fp.tokenizer_fingerprint, store)
-    except (InvalidRequest, ModelNotFound) as exc:
-        if declared.model != "optional" or draft_model is not None or kind not in KINDS:
-            raise
-        notes.append(f"no drafter model ({exc}): suffix drafter only")
-        path = None
-    if path is None:
-        if declared.model == "optional" and draft_model is None:
-            notes.append("no default drafter model is pulled for this target: suffix drafter only")
-        return None, declared.suffix, notes, None
-    mf = model_file(path)
-    check_compatible(target_gguf, mf.gguf)
-    label = draft_model or (kind if kind not in KINDS else DEFAULT_DRAFT_MODELS.get(target_fp.tokenizer_fingerprint, path.stem))
-    return replace(mf.footprint, name=label), declared.suffix, notes, path
-
-
-def _onnx_drafter_for(kind: str, draft_model: str | None, target_fp: planner.ModelFootprint, target_gguf,
-                      store: ModelStore, provider: str, bits: str, notes: list[str]):
-    """The ONNX drafter's footprint for `--draft onnx` (None for other kinds), its vocabulary checked."""
-    from edgespec.drafters import check_onnx_options, kind_of
-    from edgespec.files.modelfile import model_file
-    from edgespec.files.vocab import check_compatible
-    from edgespec.memory.budget import onnx_drafter_footprint
-
-    check_onnx_options(provider, bits)
-    if not kind_of(kind).onnx_model:
-        return None
-    fp = onnx_drafter_footprint(draft_model, target_fp.tokenizer_fingerprint, store, provider, bits)
-    if fp is None:
-        notes.append("the default drafter model is not pulled: the onnx drafter is not counted")
-        return None
-    check_compatible(target_gguf, model_file(store.resolve(draft_model or fp.name)).gguf)
-    if fp.provider != provider:
-        notes.append(f"onnx provider {provider} is not in this onnxruntime: planned on the CPU")
-    return fp
+from edgespec.load import LoadPlan, each_placement, resolve
+from edgespec.memory.machine import machine
+from edgespec.units import format_bytes as fb
 
 
 @app.command()
 def plan(
-    model: str = MODEL,
-    draft: str = typer.Option("auto", "--draft", "-d",
-                              help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path."),
-    draft_model: str = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid/auto."),
-    ram_budget: str = typer.Option(None, "--ram-budget",
-                                   help="RAM to plan for: 2GiB, 2GB, 2048M or bytes (default: available - margin)."),
-    vram_budget: str = typer.Option(None, "--vram-budget",
-                                    help="GPU memory to plan for (default: free VRAM - margin)."),
-    ctx: int = typer.Option(None, "--ctx", "-c", min=16,
-                            help="Context size in tokens (default: 4096, reduced to fit)."),
-    kv_type: str = typer.Option(None, "--kv-type", help="Force the KV cache type: f16 | q8_0 | q4_0."),
+    model: str = c.MODEL,
+    draft: str = c.DRAFT,
+    draft_model: Optional[str] = c.DRAFT_MODEL,
+    ram_budget: Optional[str] = c.RAM_BUDGET,
+    vram_budget: Optional[str] = c.VRAM_BUDGET,
+    placement: Optional[str] = c.PLACEMENT,
+    ctx: int = c.CTX,
+    n_gpu_layers: int = c.GPU_LAYERS,
+    kv_type: Optional[str] = c.KV_TYPE,
     draft_max: Optional[int] = c.DRAFT_MAX,
     draft_tree: Optional[bool] = c.DRAFT_TREE,
     mlock: bool = typer.Option(False, "--mlock", help="Lock the weights in RAM if the system allows it."),
-    threads: int = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores)."),
+    threads: Optional[int] = c.THREADS,
     onnx_provider: str = c.ONNX_PROVIDER,
     onnx_bits: str = c.ONNX_BITS,
-    placement: str = typer.Option(None, "--placement",
-                                  help="Force where target and drafter run: gpu | offload | draft-gpu | overlap | cpu "
-                                       "(default: the planner's choice)."),
     exact: bool = c.EXACT,
     flash_attn: Optional[bool] = c.FLASH_ATTN,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
 ) -> None:
-    """Plan memory placement (GPU layers, drafter, KV cache, context, mmap, threads) without loading."""
-    from edgespec.files.modelfile import model_file
-
-    ram = parse_bytes(ram_budget) if ram_budget is not None else None
-    vram = parse_bytes(vram_budget) if vram_budget is not None else None
-    if kv_type is not None and kv_type not in planner.KV_CACHE_TYPES:
-        raise InvalidRequest(f"--kv-type must be one of {', '.join(planner.KV_CACHE_TYPES)}, got {kv_type!r}")
-    store = ModelStore()
-    path = store.resolve(model)
-    mf = model_file(path)
-    target = replace(mf.footprint, name=model)
-    drafter, suffix, notes, drafter_path = _drafter_for(draft, draft_model, target, mf.gguf, store)
-    onnx_fp = _onnx_drafter_for(draft, draft_model, target, mf.gguf, store, onnx_provider, onnx_bits, notes)
-    kw = dict(suffix=suffix, draft_max=draft_max, draft_tree=draft_tree, long_drafts=draft == "auto", mlock=mlock,
-              kv_type=kv_type, threads=threads, external_drafter=onnx_fp, flash_attn=flash_attn)
-    if exact:
-        from edgespec.engine import EngineConfig
-        from edgespec.llama import invariant
-        from edgespec.memory.budget import EXACT_PLAN
-
-        if kv_type not in (None, invariant.KV_TYPE):
-            raise InvalidRequest(f"--exact plans a {invariant.KV_TYPE} KV cache (its attention kernel does not "
-                                 f"depend on the batch); drop --kv-type {kv_type}")
-
-        EngineConfig(exact=True, draft_tree=draft_tree, placement=placement, flash_attn=flash_attn)  # refuses what exact mode cannot keep
-        invariant.enable()  # calibration keys name the kernels
-        kw.update(EXACT_PLAN, draft_tree=False)
-    m = planner.machine()
-    p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
-    if draft == "auto" and drafter is not None and p.drafter_placement != "none":
-        from edgespec.memory.budget import auto_skips_drafter
-
-        why = auto_skips_drafter(p, str(path), str(drafter_path), store, p.draft_max, p.draft_tree)
-        if why:
-            notes.append(why)
-            drafter = None
-            p = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=placement, **kw)
-    p.warnings[:0] = notes
-    others = _placements(target, drafter, ram, vram, ctx, m, kw)
+    """Show what `run` with these options loads (GPU layers, drafter, KV cache, context), without loading."""
+    config = c.engine_config(model=model, ctx=ctx, threads=threads, n_gpu_layers=n_gpu_layers, draft=draft,
+                             draft_max=draft_max, draft_tree=draft_tree, draft_model=draft_model,
+                             ram_budget=ram_budget, vram_budget=vram_budget, placement=placement,
+                             onnx_provider=onnx_provider, onnx_bits=onnx_bits, exact=exact,
+                             flash_attn=flash_attn, kv_type=kv_type, use_mlock=mlock)
+    store, m = ModelStore(), machine()
+    chosen = resolve(config, m, store)
+    others = each_placement(config, m, store)
     if as_json:
-        print_json({**p.to_dict(), "placements": others})
+        print_json({**chosen.to_dict(), "placements": {k: _summary(v) for k, v in others.items()}})
         return
-    _print(p)
-    _print_placements(others, p.placement)
-
-
-def _placements(target, drafter, ram, vram, ctx, m: planner.MachineInfo, kw) -> dict[str, dict]:
-    """What each placement mode would do with these budgets on machine ``m``, or why it cannot."""
-    from edgespec.errors import BudgetExceeded
-    from edgespec.memory import placements
-
-    out = {}
-    for name in placements.NAMES:
-        try:
-            q = planner.make_plan(target, drafter, ram, vram, ctx, machine_info=m, placement=name, **kw)
-        except placements.PlacementUnavailable:
-            out[name] = {"available": False, "why": "needs a GPU: " + placements.unavailable(m)[name]}
-            continue
-        except BudgetExceeded as exc:
-            out[name] = {"available": False, "why": str(exc)}
-            continue
-        out[name] = {"available": True, "n_gpu_layers": q.n_gpu_layers, "drafter": q.drafter_placement,
-                     "ram_bytes": q.ram_bytes, "vram_bytes": q.vram_bytes, "kv_type": q.kv_type,
-                     "n_ctx": q.n_ctx, "weights": q.weights_mode, "draft_max": q.draft_max,
-                     "draft_tree": q.draft_tree}
-    return out
-
-
-def _print_placements(others: dict[str, dict], chosen: str) -> None:
-    fb = planner.fmt_bytes
     out = Console(highlight=False)
-    t = Table(title="Placements with these budgets", title_justify="left")
+    _print_plan(out, chosen) if chosen.plan is not None else _print_as_asked(out, chosen)
+    _print_placements(out, others, chosen.mode.name if chosen.mode else None)
+
+
+def _summary(p: LoadPlan | str) -> dict:
+    """One placement mode's plan in a line of JSON, or why it cannot run."""
+    if isinstance(p, str):
+        return {"available": False, "why": p}
+    q = p.plan
+    return {"available": True, "n_gpu_layers": q.n_gpu_layers, "drafter": q.drafter_placement,
+            "ram_bytes": q.ram_bytes, "vram_bytes": q.vram_bytes, "kv_type": q.kv_type, "n_ctx": q.n_ctx,
+            "weights": q.weights_mode, "draft_max": q.draft_max, "draft_tree": q.draft_tree}
+
+
+def _print_placements(out: Console, others: dict[str, LoadPlan | str], chosen: str | None) -> None:
+    t = Table(title="The planner's choice in each placement (--placement NAME), with these budgets",
+                title_justify="left")
     for col in ("placement", "target GPU layers", "drafter", "RAM", "VRAM", "notes"):
         t.add_column(col)
-    no_gpu = {o["why"] for o in others.values() if o.get("why", "").startswith("needs a GPU")}
-    for name, o in others.items():
+    summaries = {name: _summary(p) for name, p in others.items()}
+    no_gpu = {o["why"] for o in summaries.values() if o.get("why", "").startswith("needs a GPU")}
+    for name, o in summaries.items():
         mark = f"[bold]{name}[/bold] (chosen)" if name == chosen else name
         if not o["available"]:
             t.add_row(mark, "-", "-", "-", "-", "needs a GPU (below)" if o["why"] in no_gpu else o["why"])
@@ -177,25 +84,42 @@ def _print_placements(others: dict[str, dict], chosen: str) -> None:
         out.print(f"[yellow]note:[/yellow] {why}")
 
 
-def _print(p: planner.Plan) -> None:
-    fb = planner.fmt_bytes
-    out = Console(highlight=False)
+def _print_as_asked(out: Console, p: LoadPlan) -> None:
+    """A load without a budget or a placement: the settings `run` passes to llama.cpp."""
+    m, x = p.model, p.context
+    out.print(f"[bold]Load for {p.config.model}[/bold]: as asked (no --ram-budget, --vram-budget or "
+              "--placement, so the planner does not place it)")
+    t = Table(title="Settings", title_justify="left")
+    t.add_column("setting")
+    t.add_column("value")
+    rows = [("target GPU layers", m.n_gpu_layers), ("context", x.n_ctx), ("KV cache", x.kv_type),
+            ("flash attention", {None: "llama.cpp's choice", True: "on", False: "off"}[x.flash_attn]),
+            ("weights", "mapped" if m.use_mmap else "read into memory"), ("repacked for the CPU", m.repack),
+            ("drafter", p.draft or "none (plain decoding)"),
+            ("draft shape", f"up to {p.shape.draft_max} tokens" + (", trees" if p.shape.tree else ", chains"))]
+    for name, value in rows:
+        t.add_row(name, str(value))
+    out.print(t)
+    for note in p.notes:
+        out.print(f"[yellow]note:[/yellow] {note}")
+
+
+def _print_plan(out: Console, lp: LoadPlan) -> None:
+    """The planner's plan: its parts, where they go, and why each setting was chosen."""
+    p = lp.plan
     head = f"Plan for {p.target}" + (f" + drafter {p.drafter}" if p.drafter else "")
     out.print(f"[bold]{head}[/bold]: RAM {fb(p.ram_bytes)} of {fb(p.ram_budget)}"
               + (f", VRAM {fb(p.vram_bytes)} of {fb(p.vram_budget)}" if p.vram_bytes else ""))
     t = Table(title="What goes where", title_justify="left")
-    t.add_column("part")
-    t.add_column("where")
-    t.add_column("bytes", justify="right")
-    t.add_column("why")
+    for col in ("part", "where", "bytes", "why"):
+        t.add_column(col, justify="right" if col == "bytes" else "left")
     for part in p.parts:
         t.add_row(part.component, part.where, fb(part.bytes), part.note)
     t.add_row("[bold]total resident[/bold]", "RAM", f"[bold]{fb(p.ram_bytes)}[/bold]", "")
     out.print(t)
     d = Table(title="Decisions", title_justify="left")
-    d.add_column("setting")
-    d.add_column("value")
-    d.add_column("why")
+    for col in ("setting", "value", "why"):
+        d.add_column(col)
     for x in p.decisions:
         d.add_row(x.name, str(x.value), x.why)
     out.print(d)

@@ -50,9 +50,11 @@ def run(
     request = GenerationRequest(
         max_tokens=max_tokens, stop=tuple(stop or ()),
         sampling=c.sampling_from_options(temperature, top_k, top_p, min_p, repeat_penalty, seed))
-    with c.engine_from_options(model, ctx, threads, n_gpu_layers, draft, draft_max, draft_tree,
-                               draft_model, ram_budget, recheck_gap, onnx_provider, onnx_bits,
-                               vram_budget, placement, exact, flash_attn) as engine:
+    with c.engine_from_options(
+            model=model, ctx=ctx, threads=threads, n_gpu_layers=n_gpu_layers, draft=draft, draft_max=draft_max,
+            draft_tree=draft_tree, draft_model=draft_model, ram_budget=ram_budget, recheck_gap=recheck_gap,
+            onnx_provider=onnx_provider, onnx_bits=onnx_bits, vram_budget=vram_budget, placement=placement,
+            exact=exact, flash_attn=flash_attn) as engine:
         if raw:
             tokens = engine.text_tokens(text)
         else:

@@ -13,18 +13,28 @@ except ImportError:  # pragma: no cover
 
 from edgespec.cli import app
 from edgespec.cli import common as c
-from edgespec.errors import BudgetExceeded, InvalidRequest
+from edgespec.engine import Engine
+from edgespec.files.store import ModelStore
+from edgespec.load import resolve
+from edgespec.memory.machine import machine
 
 
-def _ram_budget(value: Optional[str]) -> Optional[int]:
-    if value is None:
-        return None
-    from edgespec.units import parse_bytes
-
+def _server():
+    """The server module; its web framework is an optional dependency (the [server] extra)."""
     try:
-        return parse_bytes(value)
-    except InvalidRequest as exc:
-        raise typer.BadParameter(str(exc)) from None
+        from edgespec.server import app
+    except ImportError as exc:
+        raise click_exc.ClickException(f"the server needs the [server] extra ({exc.name} is missing): "
+                                       "pip install 'edgespec[server]'") from None
+    return app
+
+
+def _listen(srv, host: str, port: int):
+    """The listening socket, or one line saying why it cannot be had."""
+    try:
+        return srv.bind_socket(host, port)
+    except OSError as exc:
+        raise click_exc.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 @app.command()
@@ -43,9 +53,7 @@ def serve(
     port: int = typer.Option(8080, "--port", "-p", min=0, max=65535, help="TCP port (0: any free port)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="EDGESPEC_API_KEY",
                                           help="Require 'Authorization: Bearer KEY' on /v1/*."),
-    ram_budget: Optional[str] = typer.Option(None, "--ram-budget", callback=_ram_budget,
-                                             help="Refuse to start if weights + KV cache exceed it "
-                                                  "(e.g. 2GiB, 2048MiB, 1.5GB, bytes)."),
+    ram_budget: Optional[str] = c.RAM_BUDGET,
     vram_budget: Optional[str] = c.VRAM_BUDGET,
     placement: Optional[str] = c.PLACEMENT,
     exact: bool = c.EXACT,
@@ -56,52 +64,24 @@ def serve(
                                                    help="Extra name accepted in the Host header (repeatable)."),
 ) -> None:
     """Serve MODEL over HTTP: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics."""
-    try:
-        from edgespec.server import app as srv
-    except ImportError as exc:
-        raise click_exc.ClickException(
-            f"the server needs the [server] extra ({exc.name} is missing): "
-            "pip install 'edgespec[server]'") from None
-    from edgespec.drafters import check_onnx_options
-    from edgespec.engine import Engine, EngineConfig
-    from edgespec.files.store import ModelStore
-    from edgespec.memory.machine import machine
-    from edgespec.memory.placements import check_available
-    from edgespec.units import format_bytes, parse_bytes
-
+    srv = _server()
+    # Bad options, a missing model, an unavailable placement or a budget nothing fits are
+    # refused here, before anything listens.
+    config = c.engine_config(model=model, ctx=ctx, threads=threads, n_gpu_layers=n_gpu_layers, draft=draft,
+                             draft_max=draft_max, draft_tree=draft_tree, draft_model=draft_model,
+                             max_queue=max_queue, onnx_provider=onnx_provider, onnx_bits=onnx_bits,
+                             ram_budget=ram_budget, vram_budget=vram_budget, placement=placement,
+                             exact=exact, flash_attn=flash_attn)
     store = ModelStore()
-    path = store.resolve(model)  # ModelNotFound now, before anything listens
-    check_onnx_options(onnx_provider, onnx_bits)  # UnknownProvider too
-    if placement is not None:
-        check_available(placement, machine())  # unknown, or needing a GPU: before anything listens
-    vram = parse_bytes(vram_budget) if vram_budget is not None else None  # a bad size, before listening
-    model_id, aliases = srv.model_names(model, path)
-    budget: Optional[int] = ram_budget  # already parsed by the callback
-
-    # Inconsistent options (e.g. --exact with --draft-tree) are refused here, before listening.
-    engine_config = EngineConfig(model=model, n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                                 draft=draft, draft_max=draft_max, draft_tree=draft_tree,
-                                 draft_model=draft_model, max_queue=max_queue,
-                                 onnx_provider=onnx_provider, onnx_bits=onnx_bits, placement=placement,
-                                 vram_budget=vram, exact=exact, flash_attn=flash_attn)
+    plan = resolve(config, machine(), store)
+    model_id, aliases = srv.model_names(model, plan.target_path)
 
     def load() -> Engine:
-        engine = Engine(engine_config, store)
-        if budget is not None:
-            need = srv.engine_memory_bytes(engine)
-            if need > budget:
-                engine.close()
-                raise BudgetExceeded(
-                    f"{model_id} needs {format_bytes(need)} (weights + KV cache at --ctx {ctx}), over "
-                    f"--ram-budget {format_bytes(budget)}: lower --ctx, pick a smaller model or raise the budget")
-        return engine
+        return Engine(config, store, plan)
 
-    try:
-        sock = srv.bind_socket(host, port)
-    except OSError as exc:
-        raise click_exc.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock = _listen(srv, host, port)
     bound_port = sock.getsockname()[1]
-    config = srv.ServerConfig(model_id=model_id, model_aliases=aliases, host=host, port=bound_port,
+    server = srv.ServerConfig(model_id=model_id, model_aliases=aliases, host=host, port=bound_port,
                               api_key=api_key or None, allowed_hosts=tuple(allow_host or ()))
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound_port}"
@@ -113,4 +93,4 @@ def serve(
         typer.echo(f"edgespec: ready: {url}/v1 (draft {draft}, queue up to {max_queue})", err=True)
         sys.stderr.flush()
 
-    srv.serve(srv.ServerState(config), load, sock, on_ready=ready)
+    srv.serve(srv.ServerState(server), load, sock, on_ready=ready)

@@ -19,186 +19,76 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
+from edgespec.config import DEFAULT_MODEL, EngineConfig
 from edgespec.decode.chat_template import ChatTemplate, Message
-from edgespec.errors import InvalidRequest, QueueFull
 from edgespec.decode.events import DoneEvent, GenerationStats, TokenEvent
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest, make_request
 from edgespec.decode.sequence import KVSequence
+from edgespec.drafters.factory import make_drafter
+from edgespec.errors import InvalidRequest, QueueFull
 from edgespec.files.store import ModelStore
 from edgespec.llama import invariant
-from edgespec.llama.kernels import default_flash_attn
-from edgespec.memory import placements
+from edgespec.llama.backend import LlamaContext, LlamaModel
+from edgespec.load import LoadPlan, resolve
+from edgespec.memory.filebacked import WeightReleaser
+from edgespec.memory.machine import machine
+from edgespec.spec.step import SpeculativeStep
+
+__all__ = ["DEFAULT_MODEL", "Engine", "EngineConfig", "RequestQueue", "Result"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
 # What generate() / chat() return: the final event of a request (text, token ids, stats).
 Result = DoneEvent
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Where the target comes from and how it is placed."""
-
-    model: str = DEFAULT_MODEL
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    n_gpu_layers: int = 0
-    use_mmap: bool = True
-    use_mlock: bool = False
-    # None: off when the target runs on the CPU with an f16 cache, else llama.cpp's choice
-    # (edgespec.llama.kernels.default_flash_attn); planned loads plan the kernel given.
-    flash_attn: bool | None = None
-    # Speculation: None = the plain baseline generator; otherwise a drafter name from
-    # edgespec.drafters (none | suffix | model | hybrid | auto) or a drafter model name/path.
-    draft: str | None = None
-    draft_model: str | None = None
-    # The draft shape (edgespec.memory.placements.DraftShape); None: for `auto` in a planned
-    # load the placement's default (63-token drafts and greedy trees where the target verifies
-    # through a GPU or the drafter runs on one), else 32-token chains.
-    draft_max: int | None = None
-    draft_tree: bool | None = None
-    # Greedy: verified positions whose top-2 logit gap is below this are re-decoded alone
-    # (edgespec.spec.step.SpeculativeStep); 0 decides every position from the batch.
-    recheck_gap: float = 0.0
-    # Greedy chains: the drafter drafts ahead while the target verifies (SpeculativeStep); on
-    # whenever the placement is `overlap`. Pays only with drafter and target on different processors.
-    overlap: bool = False
-    n_seq_max: int | None = None  # default: enough sequences for draft_max-node trees
-    # Budgets in bytes and a placement mode (edgespec.memory.placements: gpu | offload |
-    # draft-gpu | overlap | cpu). All None keeps the settings above; any of them set, the planner chooses
-    # placement, GPU layers, KV type, batch sizes, drafter and file-backed weights within the
-    # budgets (an unset budget: what the machine has free, minus a margin).
-    ram_budget: int | None = None
-    vram_budget: int | None = None
-    placement: str | None = None
-    # Requests that may wait behind the running one (None: no limit); one more raises QueueFull.
-    max_queue: int | None = None
-    # The onnx drafter: onnxruntime execution provider (edgespec.onnx.providers.PROVIDERS; one
-    # absent or refusing the graph falls back to the CPU) and which conversion ("exact" | "4").
-    onnx_provider: str = "cpu"
-    onnx_bits: str = "exact"
-    # Batch-invariant kernels for a target on the CPU (edgespec.llama.invariant): every verified
-    # row is computed bit for bit as a one-token decode, so greedy speculation returns exactly
-    # the answer plain greedy decoding gives under the same kernels (which can differ from the
-    # default kernels' at near-ties). Verifies chains only (SpeculativeStep.chains_only). Turns
-    # llama.cpp's tiled matmul off for the whole process (native bench peers keep theirs).
-    exact: bool = False
-
-    def __post_init__(self) -> None:
-        if self.draft_max is not None and (isinstance(self.draft_max, bool) or not isinstance(self.draft_max, int)
-                                           or not 1 <= self.draft_max <= placements.MAX_DRAFT):
-            raise InvalidRequest(f"draft_max must be in [1, {placements.MAX_DRAFT}], got {self.draft_max}")
-        if isinstance(self.n_ctx, bool) or not isinstance(self.n_ctx, int) or self.n_ctx < 16:
-            raise InvalidRequest(f"n_ctx must be an integer >= 16, got {self.n_ctx!r}")
-        if self.n_threads is not None and (not isinstance(self.n_threads, int) or self.n_threads < 1):
-            raise InvalidRequest(f"n_threads must be a positive integer, got {self.n_threads!r}")
-        if self.n_gpu_layers < -1:
-            raise InvalidRequest(f"n_gpu_layers must be >= -1, got {self.n_gpu_layers}")
-        if not self.recheck_gap >= 0:
-            raise InvalidRequest(f"recheck_gap must be >= 0, got {self.recheck_gap!r}")
-        if self.ram_budget is not None and self.ram_budget <= 0:
-            raise InvalidRequest(f"ram_budget must be positive, got {self.ram_budget}")
-        if self.vram_budget is not None and self.vram_budget < 0:
-            raise InvalidRequest(f"vram_budget must be >= 0, got {self.vram_budget}")
-        if self.placement is not None:
-            placements.mode(self.placement)
-        if self.max_queue is not None and (isinstance(self.max_queue, bool)
-                                           or not isinstance(self.max_queue, int) or self.max_queue < 0):
-            raise InvalidRequest(f"max_queue must be a non-negative integer, got {self.max_queue!r}")
-        if self.exact:
-            self._check_exact()
-        from edgespec.drafters import check_onnx_options
-
-        check_onnx_options(self.onnx_provider, self.onnx_bits)
-
-    def _check_exact(self) -> None:
-        if self.flash_attn is False:
-            raise InvalidRequest("exact mode runs flash attention (without it the attention product "
-                                 "depends on the batch); drop --no-flash-attn (flash_attn=False)")
-        if self.recheck_gap > 0:
-            raise InvalidRequest("exact mode computes every verified row as plain decoding does: "
-                                 "near-tie re-checks would only cost time; drop --recheck-gap")
-        if self.draft_tree:
-            raise InvalidRequest("exact mode drafts chains: a tree's accepted path leaves its cache cells "
-                                 "out of position order; drop --draft-tree")
-        if self.n_gpu_layers != 0 or (self.placement is not None and placements.MODES[self.placement].target != "cpu"):
-            raise InvalidRequest("exact mode needs the target on the CPU (GPU kernels depend on the batch "
-                                 "size): use --placement cpu or draft-gpu, and no --n-gpu-layers")
-
-    @property
-    def planned(self) -> bool:
-        """Whether the planner places the load (a budget or a placement is given)."""
-        return self.ram_budget is not None or self.vram_budget is not None or self.placement is not None
-
-
 class Engine:
-    """A target model ready to generate. Use as a context manager or call ``close()``."""
+    """A target model ready to generate. Use as a context manager or call ``close()``.
 
-    def __init__(self, config: EngineConfig = EngineConfig(), store: ModelStore | None = None):
+    ``plan``: what to load, when the caller resolved it already (edgespec.load.resolve);
+    by default the engine resolves ``config`` itself.
+    """
+
+    def __init__(self, config: EngineConfig = EngineConfig(), store: ModelStore | None = None,
+                 plan: LoadPlan | None = None):
         self.config = config
         self.store = store or ModelStore()
-        path = self.store.resolve(config.model)
-        if config.exact:  # before the plan reads calibrations keyed by the kernels, and any decode
-            invariant.enable()
-        self.placement = None
+        # Plan before loading anything: an impossible budget is refused here, cheaply.
+        self.load_plan = plan or resolve(config, machine(), self.store)
+        for note in self.load_plan.notes if self.load_plan.plan is not None else ():
+            log.warning("%s", note)  # what the planner changed; a load as asked changes nothing
+        if self.load_plan.left_out is not None:
+            self.load_plan.left_out.record(self.store.home)
         self.releaser = None
-        if config.planned:
-            # Plan before loading anything: an impossible budget is refused here, cheaply.
-            from edgespec.memory.budget import placement
-
-            self.placement = placement(str(path), self.store, config.ram_budget, config.n_ctx, config.draft,
-                                       config.draft_model, config.draft_max,
-                                       False if config.exact else config.draft_tree,
-                                       config.n_threads, config.n_seq_max or 1, config.vram_budget,
-                                       config.placement, config.onnx_provider, config.onnx_bits, config.exact,
-                                       config.flash_attn)
-            model_params, ctx_params = self.placement.model_params, self.placement.context_params
-            plan = self.placement.plan
-            self.draft_shape = placements.DraftShape(plan.draft_max, plan.draft_tree)
-        else:
-            self.draft_shape = placements.CHAINS.given(config.draft_max, config.draft_tree)
-            model_params, op_offload = _unplanned_params(config, path)
-            # one sequence per root-to-leaf path of a draft, plus the main one
-            n_seq = config.n_seq_max or 1 + (self.draft_shape.draft_max if config.draft is not None else 0)
-            ctx_params = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq,
-                                       n_outputs_max=placements.VERIFY_ROWS,
-                                       flash_attn=_flash_attn(config), op_offload=op_offload)
-        if config.exact:
-            model_params, ctx_params = invariant.model_params(model_params), invariant.context_params(ctx_params)
-        self.model = LlamaModel(path, model_params)
+        self.model = LlamaModel(self.load_plan.target_path, self.load_plan.model)
         self.ctx = self.drafter = None
         try:
-            self._build(config, path, ctx_params)
+            self._build(self.load_plan)
         except BaseException:
             self._free()
             raise
         self.queue = RequestQueue(config.max_queue)
         self._closed = False
 
-    def _build(self, config: EngineConfig, path, ctx_params: ContextParams) -> None:
+    def _build(self, plan: LoadPlan) -> None:
         """What serves requests over the loaded model: the releaser of file-backed weights, the
         context (checked in exact mode), the decoder and the drafter. On a raise the caller frees
         what was built (``_free``)."""
-        if self.placement is not None and self.placement.file_backed:
-            from edgespec.memory.filebacked import WeightReleaser
-
-            self.releaser = WeightReleaser(str(path), self.placement.release_limit)
-        if ctx_params.n_ctx > self.model.n_ctx_train:
-            raise InvalidRequest(f"context {ctx_params.n_ctx} exceeds the model's trained context "
-                                 f"{self.model.n_ctx_train}")
-        self.ctx = LlamaContext(self.model, ctx_params)
-        if config.exact:
+        if plan.release_limit is not None:
+            self.releaser = WeightReleaser(str(plan.target_path), plan.release_limit)
+        self.ctx = LlamaContext(self.model, plan.context)
+        if self.config.exact:
             invariant.check(self.ctx)
         self.seq = KVSequence(self.ctx)
         self.decoder = Decoder(self.model, self.seq)
-        if config.draft is not None:
-            self._init_speculation(config)
+        if plan.draft is not None:
+            cfg = replace(plan.draft_config(), n_ctx=self.ctx.n_ctx)
+            self.drafter = make_drafter(cfg, self.model, self.store, target_ctx=self.ctx)
+            self.decoder = Decoder(self.model, self.seq, self.speculative_step(self.drafter, cfg.draft_max,
+                                                                              self.config.recheck_gap))
         self.template = ChatTemplate(self.model.chat_template, self._special_text(self.model.bos),
                                      self._special_text(self.model.eos))
 
@@ -217,42 +107,11 @@ class Engine:
         if first is not None:
             raise first
 
-    def _init_speculation(self, config: EngineConfig) -> None:
-        from edgespec.drafters import DraftConfig, make_drafter
-
-        p = self.placement
-        shape = self.draft_shape
-        draft_cfg = self.drafter_config(DraftConfig(
-            kind=config.draft, draft_model=config.draft_model, tree=shape.tree, n_ctx=self.ctx.n_ctx,
-            n_threads=config.n_threads, draft_max=shape.draft_max, onnx_provider=config.onnx_provider,
-            onnx_bits=config.onnx_bits))
-        if p is not None:
-            draft_cfg = replace(draft_cfg, kind=p.draft)
-        self.drafter = make_drafter(draft_cfg, self.model, self.store, target_ctx=self.ctx)
-        self.decoder = Decoder(self.model, self.seq, self.speculative_step(self.drafter, shape.draft_max,
-                                                                          config.recheck_gap))
-
-    def drafter_config(self, cfg):
-        """``cfg`` as this engine's drafters must be: placed as its plan placed the drafter, and
-        proposing chains in exact mode (verification then takes chains only)."""
-        cfg = replace(cfg, chains=self.config.exact)
-        p = self.placement
-        return p.drafter_config(cfg) if p is not None else cfg
-
-    def speculative_step(self, drafter, draft_max: int, recheck_gap: float = 0.0):
+    def speculative_step(self, drafter, draft_max: int, recheck_gap: float = 0.0) -> SpeculativeStep:
         """A step verifying ``drafter``'s drafts as this engine must: overlapped where its
         placement says so, chains only in exact mode."""
-        from edgespec.spec.step import SpeculativeStep
-
-        return SpeculativeStep(drafter, draft_max, recheck_gap, overlap=self.overlap,
+        return SpeculativeStep(drafter, draft_max, recheck_gap, overlap=self.load_plan.overlap,
                                chains_only=self.config.exact)
-
-    @property
-    def overlap(self) -> bool:
-        """Whether speculative steps draft ahead during verification: asked for, or the
-        placement is `overlap` (edgespec.memory.placements)."""
-        p = self.placement
-        return self.config.overlap or (p is not None and placements.MODES[p.plan.placement].overlap)
 
     def _special_text(self, token: int) -> str:
         return self.model.token_text(token) if 0 <= token < self.model.n_vocab else ""
@@ -406,25 +265,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _unplanned_params(config: EngineConfig, path) -> tuple[ModelParams, bool]:
-    """The target as asked (``n_gpu_layers``), with the planner's rules for a GPU build
-    (placements.unplanned_target); the model parameters and the context's op offload."""
-    from edgespec.files.modelfile import model_file
-    from edgespec.memory.machine import machine
-
-    n_layer = model_file(path).info.n_layers or 0
-    op_offload, use_mmap = placements.unplanned_target(config.n_gpu_layers, n_layer, machine(), config.use_mmap)
-    return ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=use_mmap, use_mlock=config.use_mlock), op_offload
-
-
-def _flash_attn(config: EngineConfig) -> bool | None:
-    """Flash attention for an unbudgeted context: the user's choice, else the engine's default
-    (edgespec.llama.kernels.default_flash_attn, which the planner asks too)."""
-    if config.flash_attn is not None:
-        return config.flash_attn
-    return default_flash_attn(on_gpu=config.n_gpu_layers != 0)
 
 
 def _last(events: Iterator[TokenEvent | DoneEvent]) -> DoneEvent:

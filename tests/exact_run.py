@@ -59,7 +59,7 @@ def placement(mode: str, target: str, drafter: str, prompts: list[str], max_toke
                 done = list(decoder.stream(engine.chat_tokens([{"role": "user", "content": p}]), req))[-1]
                 out[key].append(list(done.token_ids))
                 out["drafted"] += done.stats.spec.drafted if done.stats.spec else 0
-        out["drafter_on_gpu"] = engine.placement.plan.drafter_placement == "gpu"
+        out["drafter_on_gpu"] = engine.load_plan.plan.drafter_placement == "gpu"
     return out
 
 

@@ -31,7 +31,7 @@ from edgespec.spec.acceptance import (
     accept_stochastic,
     sample_without_replacement,
 )
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 from edgespec.decode.sampling import sample_from
 
 ALPHA = 1e-3  # chi-square threshold; every sample is seeded, so each verdict is fixed

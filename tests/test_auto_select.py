@@ -130,12 +130,12 @@ def test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so(store, 
     small = str(model_path(SMALL))
     cfg = EngineConfig(model=small, n_ctx=512, draft="auto", draft_model=small, ram_budget=4 << 30)
     with Engine(cfg) as engine:  # this plan's placement: its costs measured (or found)
-        assert engine.placement.plan.drafter_placement != "none"
+        assert engine.load_plan.plan.drafter_placement != "none"
     assert _set_draft_costs(store.home, 10.0) >= 1
     with Engine(cfg) as engine:
         assert engine.drafter.model is None
-        assert engine.placement.plan.drafter_placement == "none"  # not counted either
-        assert any("auto: the drafter model is not loaded" in n for n in engine.placement.notes)
+        assert engine.load_plan.plan.drafter_placement == "none"  # not counted either
+        assert any("auto: the drafter model is not loaded" in n for n in engine.load_plan.notes)
 
 
 def test_the_gain_measured_here_overrides_the_prior():

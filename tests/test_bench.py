@@ -12,6 +12,7 @@ import pytest
 from edgespec.bench.peers import NATIVE_PLAIN
 from edgespec.bench.prompts import SPECBENCH_CATEGORY, SPLITS, SUITES, conversation, load_prompts, load_suite, select
 from edgespec.bench.report import markdown
+from edgespec.engine import EngineConfig
 from edgespec.bench.runner import BenchSettings, validate_configs
 from edgespec.bench.summary import OVERALL, PLAIN, Record, has_native_plain, interleaved_order, summarize
 from edgespec.errors import InvalidRequest
@@ -273,7 +274,7 @@ def test_shared_prefill_evaluates_each_prompt_once(model_path):
 
     model_path("smollm2-135m")
     prompts = select(load_suite("specbench"), 1)[:3]
-    settings = BenchSettings(model="smollm2-135m", max_tokens=24, share_prefill=True)
+    settings = BenchSettings(EngineConfig(model="smollm2-135m"), max_tokens=24, share_prefill=True)
     result = run_bench(prompts, ["plain", "none", "suffix"], settings)
     by = {(r.id, r.config): r for r in result.records}
     for p in prompts:
@@ -300,7 +301,7 @@ def test_all_turns_share_plain_history(tmp_path, model_path):
         {"id": "two", "category": "chat", "turns": ["Name three colours.", "Now repeat them in reverse order."]},
         {"id": "one", "category": "chat", "turns": ["Name a fruit."]},
     ]) + "\n")
-    settings = BenchSettings(model="smollm2-135m", max_tokens=12, turns="all")
+    settings = BenchSettings(EngineConfig(model="smollm2-135m"), max_tokens=12, turns="all")
     result = run_bench(load_prompts(prompts), ["plain", "suffix"], settings)
     by = {(r.id, r.turn, r.config): r for r in result.records}
     assert sorted(by) == sorted((pid, t, cfg) for pid, t in [("two", 1), ("two", 2), ("one", 1)]

@@ -13,6 +13,8 @@ import textwrap
 from conftest import DRAFTER, TARGET
 
 from edgespec.files.modelfile import model_file
+
+from edgespec.memory.footprint import footprint_of
 from edgespec.memory import planner
 
 SCENARIO = textwrap.dedent('''
@@ -34,7 +36,7 @@ SCENARIO = textwrap.dedent('''
     with engine:
         with PeakRSS(interval_s=0.005) as rss:
             done = engine.chat(msgs, req)
-        p = engine.placement
+        p = engine.load_plan
         print(json.dumps({"peak": rss.peak, "tokens": done.stats.generated_tokens, "draft": p.draft,
                           "drafter": engine.drafter.name, "has_model": getattr(engine.drafter, "model", None)
                           is not None, "notes": list(p.notes), "file_backed": p.file_backed,
@@ -54,8 +56,8 @@ def run_scenario(budget: int, draft: str, n_ctx: int = 2048) -> dict:
 
 def _smallest(model_path, with_drafter: bool) -> int:
     """The planner's smallest resident budget for the target (with or without the drafter)."""
-    t = model_file(model_path(TARGET)).footprint
-    d = model_file(model_path(DRAFTER)).footprint if with_drafter else None
+    t = footprint_of(model_file(model_path(TARGET)))
+    d = footprint_of(model_file(model_path(DRAFTER))) if with_drafter else None
     plan = planner.make_plan(t, d, ram_budget=64 << 30, n_ctx=2048, suffix=True, draft_max=16)
     return plan.ram_bytes
 
@@ -100,24 +102,28 @@ def test_budget_below_the_minimum_is_refused_before_loading(model_path):
 
 
 def test_drafter_model_is_allowed_only_where_the_plan_counted_it(model_path, store):
-    from edgespec.memory.budget import placement
+    from edgespec.engine import EngineConfig
+    from edgespec.load import resolve
+    from edgespec.memory.machine import machine
 
     target = str(model_path(TARGET))
     model_path(DRAFTER)
-    common = dict(n_ctx=2048, draft_model=None, draft_max=32, draft_tree=False, threads=None, n_seq_max=33)
+    common = dict(model=target, n_ctx=2048, draft_max=32, draft_tree=False, n_seq_max=33)
+
+    def placement(budget, **options):
+        return resolve(EngineConfig(ram_budget=budget, **{**common, **options}), machine(), store)
     roomy = 64 << 30
-    assert placement(target, store, roomy, draft="auto", **common).model_drafter_allowed
+    assert placement(roomy, draft="auto").model_drafter_allowed
     # Planned for the suffix drafter alone: an `auto` built on this placement (the bench's
     # case) must not load the drafter model on top of the budget.
-    assert not placement(target, store, roomy, draft="suffix", **common).model_drafter_allowed
-    tight = placement(target, store, 600 << 20, draft="auto", **common)
+    assert not placement(roomy, draft="suffix").model_drafter_allowed
+    tight = placement(600 << 20, draft="auto")
     assert tight.file_backed and not tight.model_drafter_allowed and tight.draft == "auto"
     # `model` whose drafter does not fit drafts with the suffix drafter, planned: its index and
     # a target context with a sequence per draft path
-    common.update(draft_max=None, draft_tree=None, n_seq_max=1)
-    swapped = placement(target, store, 1400 << 20, draft="model", **common)
-    assert (swapped.draft, swapped.plan.draft_max, swapped.context_params.n_seq_max) == ("suffix", 32, 33)
-    assert swapped.suffix_cap_tokens > 0 and swapped.plan.suffix_drafter
+    swapped = placement(1400 << 20, draft="model", draft_max=None, draft_tree=None, n_seq_max=1)
+    assert (swapped.draft, swapped.plan.draft_max, swapped.context.n_seq_max) == ("suffix", 32, 33)
+    assert swapped.drafter.suffix_cap_tokens > 0 and swapped.plan.suffix_drafter
 
 
 def test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read(model_path, tmp_path):
@@ -128,7 +134,7 @@ def test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read(mod
 
     from edgespec.drafters.auto.memory import PolicyMemory, drafter_key
     from edgespec.files.store import ModelStore
-    from edgespec.memory.budget import _count_left_out, _target_key
+    from edgespec.load.drafter import left_out, target_key
 
     target, drafter = str(model_path(TARGET)), str(model_path(DRAFTER))
     t, d = planner.estimate_model(target), planner.estimate_model(drafter)
@@ -136,15 +142,15 @@ def test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read(mod
     beside = planner.make_plan(t, d, 8 * GiB, 1500 * MiB, 4096, machine_info=m)
     alone = planner.make_plan(t, None, 8 * GiB, 1500 * MiB, 4096, machine_info=m)
     assert beside.n_gpu_layers < alone.n_gpu_layers
-    home = ModelStore(tmp_path)
-    _count_left_out(beside, alone, target, drafter, home)
-    _count_left_out(beside, beside, target, drafter, home)  # the same key: its AutoDrafter counts
-    memory = PolicyMemory(home.home, _target_key(beside, target))
+    home = ModelStore(tmp_path).home
+    left_out(beside, alone, target, drafter).record(home)
+    left_out(beside, beside, target, drafter).record(home)  # the same key: its AutoDrafter counts
+    memory = PolicyMemory(home, target_key(beside, target))
     assert memory.load()["sat_out"] == {drafter_key(drafter, beside.draft_tree): 1}
     # Trees that measured a loss: the rule read the chain name, and the trees sat out too.
     assert beside.draft_tree
     memory.save({}, drafter_key(drafter, True), [[1.0, 1.0]], gain_state=[50.0, 100.0])
-    _count_left_out(beside, alone, target, drafter, home)
+    left_out(beside, alone, target, drafter).record(home)
     assert memory.load()["sat_out"] == {drafter_key(drafter, True): 1, drafter_key(drafter): 1}
 
 
@@ -165,25 +171,21 @@ def test_a_planned_load_keeps_a_drafter_whose_trees_lost_for_its_chains(model_pa
     from edgespec.drafters.model import ModelDrafter
     from edgespec.files.store import ModelStore
     from edgespec.llama.backend import default_threads
-    from edgespec.memory.budget import (
-        _target_key,
-        auto_skips_drafter,
-        drafter_model_params,
-    )
+    from edgespec.load.drafter import auto_skips_drafter, drafter_model_params, target_key
 
     target, drafter = str(model_path(TARGET)), str(model_path(DRAFTER))
     t, d = planner.estimate_model(target), planner.estimate_model(drafter)
     plan = planner.make_plan(t, d, 8 * GiB, 1500 * MiB, 4096, machine_info=gpu_machine(16 * GiB))
     assert plan.draft_tree
     store = ModelStore(tmp_path)
-    key = _target_key(plan, target)
+    key = target_key(plan, target)
     verify_path(store.home, key).parent.mkdir(parents=True, exist_ok=True)
     verify_path(store.home, key).write_text(json.dumps({"batch_sizes": [1, 8, 64], "verify_s": [0.1, 0.11, 0.2]}))
     dkey = calibration_key(drafter, drafter_model_params(plan), plan.threads or default_threads(),
                            ModelDrafter.context_params(plan.n_ctx).flash_attn)
     draft_path(store.home, dkey).write_text(json.dumps({"draft_token_s": 0.002}))
     memory = PolicyMemory(store.home, key)
-    skips = lambda: auto_skips_drafter(plan, target, drafter, store, plan.draft_max, plan.draft_tree)  # noqa: E731
+    skips = lambda: auto_skips_drafter(plan, target, drafter, store)  # noqa: E731
     assert skips() is None  # nothing measured: the prior pays at 2 ms a token
     memory.save({}, drafter_key(drafter, True), [[1.0, 1.0]], gain_state=[50.0, 100.0])
     assert skips() is None  # trees lost: chains, unmeasured, still pay

@@ -66,7 +66,7 @@ def test_exact_refuses_what_it_cannot_keep(options, fragment):
 
 def test_bench_refuses_trees_in_exact_mode():
     with pytest.raises(InvalidRequest, match="model-tree"):
-        run_bench([], ["plain", "model-tree"], BenchSettings(exact=True))
+        run_bench([], ["plain", "model-tree"], BenchSettings(EngineConfig(exact=True)))
 
 
 def test_calibration_keys_tell_the_tiled_matmul_apart(tmp_path, monkeypatch):

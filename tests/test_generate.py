@@ -150,8 +150,9 @@ def test_generation_stops_at_a_full_context(small_model):
 
 
 def test_a_refused_engine_frees_what_it_loaded(monkeypatch):
-    """A load refused after the model is in memory (a context beyond the trained one, without a
-    plan to refuse it first) frees the model before raising, not at garbage collection."""
+    """A context beyond the trained one is refused before anything loads; a load that fails
+    after the model is in memory frees the model before raising, not at garbage collection."""
+    from edgespec import engine as engine_module
     from edgespec.llama import backend
 
     gc.collect()  # no model of an earlier test is freed while the spy counts
@@ -162,13 +163,20 @@ def test_a_refused_engine_frees_what_it_loaded(monkeypatch):
         freed.append(model._model is not None)
         close(model)
     monkeypatch.setattr(backend.LlamaModel, "close", spy)
-    try:
+    with pytest.raises(InvalidRequest, match="exceeds the model's trained context"):
         Engine(EngineConfig(model=SMALL, n_ctx=10 ** 6))
+    assert freed == []  # refused by the load plan, before any model was loaded
+
+    def refuse(*args, **kwargs):
+        raise InvalidRequest("no context")
+    monkeypatch.setattr(engine_module, "LlamaContext", refuse)
+    try:
+        Engine(EngineConfig(model=SMALL, n_ctx=1024))
     except InvalidRequest as e:  # the traceback still holds the half-built engine here
-        assert "exceeds the model's trained context" in str(e)
+        assert "no context" in str(e)
         assert freed == [True]
     else:
-        pytest.fail("a context beyond the trained one was accepted")
+        pytest.fail("the failing context was not reported")
 
 
 def test_bad_requests():

@@ -72,13 +72,13 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
     cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode], n_threads=8,
                        draft=draft, draft_model=str(DRAFTER), draft_max=shape[0], draft_tree=shape[1])
     with Engine(cfg) as engine:
-        assert engine.placement.plan.placement == mode
-        tree = engine.draft_shape.tree
+        assert engine.load_plan.plan.placement == mode
+        tree = engine.load_plan.shape.tree
         if default:  # the placement's shape for where the drafter went, unless the plan says what it would cost
-            plan = engine.placement.plan
+            plan = engine.load_plan.plan
             drafts = next(d for d in plan.decisions if d.name == "drafts")
             want = placements.draft_shape(mode, None, None, plan.drafter_placement == "gpu")
-            assert engine.draft_shape == (placements.CHAINS if "would cost" in drafts.why else want), drafts
+            assert engine.load_plan.shape == (placements.CHAINS if "would cost" in drafts.why else want), drafts
         if draft == "model":
             # Random weights are never confident enough to draft: draft anyway, so drafting,
             # verification and rollback all run on the GPU.
@@ -145,7 +145,7 @@ def test_planned_vram_matches_what_cuda_allocates(mode, shape):
                        draft_model=str(DRAFTER), draft_max=draft_max, draft_tree=tree, n_threads=8)
     with capture_llama_log() as cap:
         with Engine(cfg) as engine:
-            plan = engine.placement.plan
+            plan = engine.load_plan.plan
     # Device buffers only: "CUDA_Host" ones are pinned host memory (RAM).
     reported = sum(v for k, v in reported_buffers(cap.lines).items()
                    if k.startswith("CUDA") and not k.startswith("CUDA_Host"))
@@ -202,7 +202,7 @@ cfg = EngineConfig(model=target, n_ctx=1024, placement=mode, vram_budget=vram, n
 with Engine(cfg) as engine:
     req = GenerationRequest(max_tokens=48, ignore_eos=True, sampling=SamplingParams(temperature=0.0))
     done = engine.chat([{"role": "user", "content": sys.argv[5]}], req)
-    plan = engine.placement.plan
+    plan = engine.load_plan.plan
     print(json.dumps({"peak": done.stats.peak_rss_bytes, "plan_ram": plan.ram_bytes,
                       "parts": {p.component: p.bytes for p in plan.parts if p.where == "RAM"}}))
 """

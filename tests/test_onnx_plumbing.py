@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from edgespec.drafters import KINDS, DraftConfig
+from edgespec.drafters.factory import make_drafter
+from edgespec.llama.backend import ContextParams, ModelParams
+from edgespec.load import LoadPlan
 from edgespec.engine import EngineConfig
 from edgespec.errors import (
     BudgetExceeded,
@@ -23,6 +26,7 @@ from edgespec.errors import (
 from edgespec.files.store import ModelStore
 from edgespec.files.store_remove import converted_onnx_dirs
 from edgespec.memory import planner
+from edgespec.memory import candidates
 from edgespec.memory.footprint import (
     ONNX_SIZE_RATIO,
     estimate_model,
@@ -94,29 +98,27 @@ def test_the_engine_passes_the_options_to_the_drafter(monkeypatch):
         raise Built
 
     monkeypatch.setattr(onnx_drafter, "make_onnx_drafter", fake)
-    engine = Engine.__new__(Engine)
-    engine.placement, engine.model, engine.store, engine.draft_shape = None, None, None, CHAINS
-    engine.ctx = type("Ctx", (), {"n_ctx": 512, "model": None})()
-    engine.config = EngineConfig(draft="onnx", onnx_provider="openvino", onnx_bits="4")
+    config = EngineConfig(draft="onnx", onnx_provider="openvino", onnx_bits="4")
+    plan = LoadPlan(config, Path("target.gguf"), ModelParams(), ContextParams(n_ctx=512), CHAINS, "onnx", None)
+    ctx = type("Ctx", (), {"n_ctx": 512, "model": None})()
     with pytest.raises(Built):
-        engine._init_speculation(engine.config)
+        make_drafter(plan.draft_config(), None, None, target_ctx=ctx)
     assert (seen["provider"], seen["bits"], seen["n_ctx"]) == ("openvino", "4", 512)
     assert KINDS["onnx"].onnx_model and not any(k.onnx_model for n, k in KINDS.items() if n != "onnx")
     assert drafters.DraftConfig().onnx_provider == "cpu"
 
 
 def test_bench_settings_reach_the_draft_config():
-    from edgespec.bench.runner import BenchSettings, _Runners
-    from edgespec.engine import Engine
+    from edgespec.bench.runner import BenchSettings, _engine_config, _Runners
 
-    class _Engine:  # what _Runners reads of an engine, its drafter rule the engine's own
-        placement = None
+    settings = BenchSettings(EngineConfig(onnx_provider="dml", onnx_bits="4"))
+    config = _engine_config(settings.engine, ["plain", "onnx"])
+
+    class _Engine:  # what _Runners reads of an engine built for these settings
+        load_plan = LoadPlan(config, Path("target.gguf"), ModelParams(), ContextParams(n_ctx=256), CHAINS, None, None)
         ctx = type("Ctx", (), {"n_ctx": 256})()
-        draft_shape = CHAINS
-        config = EngineConfig()
-        drafter_config = Engine.drafter_config
 
-    r = _Runners(_Engine(), BenchSettings(onnx_provider="dml", onnx_bits="4"))
+    r = _Runners(_Engine(), settings)
     cfg = r._draft_config("onnx")
     assert (cfg.kind, cfg.onnx_provider, cfg.onnx_bits, cfg.n_ctx) == ("onnx", "dml", "4", 256)
 
@@ -162,7 +164,7 @@ def test_the_footprint_matches_the_measured_drafter(model_path, tmp_path):
         assert fp.graph_bytes == int(source.file_size * ONNX_SIZE_RATIO[bits])
         assert fp.graph_bytes + fp.kv_bytes(2048) == pytest.approx(measured[config]["drafter_nbytes"], rel=0.01)
         peak = measured[config]["peak_rss_bytes"]
-        assert peak <= planner.PROCESS_BASE_BYTES + fp.resident_bytes(2048) <= 1.15 * peak
+        assert peak <= candidates.PROCESS_BASE_BYTES + fp.resident_bytes(2048) <= 1.15 * peak
     # Converted: the files' sizes; on a GPU provider its parts are stated outside the RAM budget.
     d = tmp_path / "x.exact.onnx"
     d.mkdir()
@@ -196,18 +198,19 @@ def test_a_plan_with_draft_onnx_counts_the_drafter(model_path, capsys):
 
 
 def test_a_budget_that_fits_plain_decoding_but_not_the_onnx_drafter_is_refused(model_path):
-    from edgespec.memory.budget import onnx_drafter_footprint
+    from edgespec.files.modelfile import model_file
+    from edgespec.load.drafter import onnx_footprint
 
     store = ModelStore()
     target = estimate_model(model_path(TARGET))
-    onnx = onnx_drafter_footprint(None, target.tokenizer_fingerprint, store, "cpu", "exact")
+    onnx = onnx_footprint(EngineConfig(draft="onnx"), model_file(model_path(TARGET)), store, [])
     assert onnx is not None and onnx.name == DRAFTER
     m = planner.machine()
     base = planner.make_plan(target, None, 8 << 30, n_ctx=1024, suffix=False, machine_info=m)
     with_onnx = planner.make_plan(target, None, 8 << 30, n_ctx=1024, suffix=False, machine_info=m,
                                   external_drafter=onnx)
     assert with_onnx.ram_bytes - base.ram_bytes >= onnx.resident_bytes(1024)
-    budget = onnx.resident_bytes(1024) + planner.PROCESS_BASE_BYTES  # the drafter alone, no room for the target
+    budget = onnx.resident_bytes(1024) + candidates.PROCESS_BASE_BYTES  # the drafter alone, no room for the target
     planner.make_plan(target, None, budget, n_ctx=1024, suffix=False, machine_info=m)  # fits (file-backed)
     with pytest.raises(BudgetExceeded):
         planner.make_plan(target, None, budget, n_ctx=1024, suffix=False, machine_info=m, external_drafter=onnx)

@@ -21,6 +21,7 @@ from edgespec.llama.kernels import (
     op_offload_min_batch,
 )
 from edgespec.memory import placements, planner
+from edgespec.memory import candidates
 from edgespec.memory.machine import _is_unified
 
 
@@ -169,7 +170,7 @@ def test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu(pair, pair_7
 
     # Under a tight RAM budget the longer shape (64 target rows of logits) would cost settings: chains stay.
     # (500 MiB for the models, beside the CUDA runtime's host memory with two contexts.)
-    runtime = planner.GPU_HOST_RUNTIME_BYTES + 2 * planner.GPU_HOST_PER_CONTEXT_BYTES
+    runtime = candidates.GPU_HOST_RUNTIME_BYTES + 2 * candidates.GPU_HOST_PER_CONTEXT_BYTES
     tight = planner.make_plan(*pair, 500 * MiB + runtime, 16 * GiB, 4096, machine_info=gpu_machine(16 * GiB))
     assert (tight.placement, tight.drafter_placement, tight.draft_max, tight.draft_tree) == ("gpu", "gpu", 32, False)
     assert "trees would cost n ubatch 128 instead of 512, suffix cap" in next(x.why for x in tight.decisions if x.name == "drafts")
@@ -235,7 +236,7 @@ def test_engine_refuses_a_gpu_placement_on_this_cpu_build_before_loading():
 
 def test_engine_in_the_cpu_placement_loads_what_the_plan_says(model_path):
     with Engine(EngineConfig(model=SMALL, n_ctx=256, placement="cpu", draft="suffix")) as engine:
-        plan = engine.placement.plan
+        plan = engine.load_plan.plan
         assert plan.placement == "cpu" and plan.n_gpu_layers == 0
         assert engine.model.params.no_host == plan.no_host
         assert engine.ctx.params.op_offload == plan.op_offload
@@ -245,25 +246,23 @@ def test_engine_in_the_cpu_placement_loads_what_the_plan_says(model_path):
 
 
 def test_engine_and_bench_build_the_drafter_where_the_plan_put_it(model_path, store):
-    """One rule (Placement.drafter_config) for the engine and the bench: the drafter model loads
+    """One rule (LoadPlan.draft_config) for the engine and the bench: the drafter model loads
     with the plan's parameters, not llama.cpp's defaults."""
     from edgespec.bench.runner import BenchSettings, _Runners
-    from edgespec.drafters import DraftConfig
-    from edgespec.memory.budget import placement
+    from edgespec.load import resolve
 
     model_path(DRAFTER)
-    p = placement(str(model_path(TARGET)), store, 8 * GiB, 1024, "model", None, 8, False, None, 9, mode="cpu")
-    cfg = p.drafter_config(DraftConfig(kind="model"))
-    assert cfg.model_params == p.draft_model_params is not None and cfg.allow_model
-    assert cfg.suffix_history_tokens == p.suffix_cap_tokens
+    config = EngineConfig(model=str(model_path(TARGET)), n_ctx=1024, draft="model", draft_max=8, draft_tree=False,
+                          n_seq_max=9, ram_budget=8 * GiB, placement="cpu")
+    p = resolve(config, planner.machine(), store)
+    cfg = p.draft_config()
+    assert cfg.model_params == p.drafter.model_params is not None and cfg.allow_model
+    assert cfg.suffix_history_tokens == p.drafter.suffix_cap_tokens
 
-    class _PlannedEngine:  # what _Runners reads of an engine, its drafter rule the engine's own
-        placement = p
-        draft_shape = placements.DraftShape(p.plan.draft_max, p.plan.draft_tree)
+    class _PlannedEngine:  # what _Runners reads of an engine
+        load_plan = p
         ctx = type("Ctx", (), {"n_ctx": 1024})()
-        config = EngineConfig()
-        drafter_config = Engine.drafter_config
-    assert _Runners(_PlannedEngine(), BenchSettings())._draft_config("model").model_params == p.draft_model_params
+    assert _Runners(_PlannedEngine(), BenchSettings())._draft_config("model").model_params == p.drafter.model_params
 
 
 def test_overlap_is_draft_gpu_with_drafting_ahead_and_only_when_asked(pair):

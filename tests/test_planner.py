@@ -17,6 +17,7 @@ from conftest import DRAFTER, GEMMA, SMALL, TARGET
 
 from edgespec.llama import backend, probe
 from edgespec.memory import planner
+from edgespec.memory import candidates
 from edgespec.memory.placements import VERIFY_ROWS
 from edgespec.units import parse_bytes
 from edgespec.errors import BudgetExceeded, InvalidRequest
@@ -236,7 +237,7 @@ def test_resident_memory_of_a_full_load_matches_the_plan(model_path, fp):
 def test_a_drafter_planned_without_repacking_is_loaded_without_it(model_path, fp):
     """A plan that drops repacking counts no repacked copy of the CPU drafter, and the drafter is
     loaded that way (mapped, not repacked), not with llama.cpp's default."""
-    from edgespec.memory.budget import drafter_model_params
+    from edgespec.load.drafter import drafter_model_params
 
     t, dr = fp(TARGET), fp(DRAFTER)
     p = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=cpu_machine(), repack=False)
@@ -251,7 +252,8 @@ def test_a_drafter_planned_without_repacking_is_loaded_without_it(model_path, fp
 def test_exact_plans_repack_the_drafter_but_not_the_target(fp):
     """Exact mode needs the target's kernels batch-invariant, not the drafter's: the drafter keeps
     its repacked kernels (a full load, no second copy), the target is mapped as it is."""
-    from edgespec.memory.budget import EXACT_PLAN, drafter_model_params
+    from edgespec.load.drafter import drafter_model_params
+    from edgespec.load.resolve import EXACT_PLAN
 
     t, dr = fp(TARGET), fp(DRAFTER)
     p = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=cpu_machine(), **EXACT_PLAN)
@@ -303,7 +305,7 @@ def test_bad_budgets_are_refused(text):
 def test_a_roomy_budget_keeps_everything(fp):
     p = planner.make_plan(fp(TARGET), fp(DRAFTER), 8 * GiB, None, None, machine_info=cpu_machine())
     assert (p.weights_mode, p.kv_type, p.n_ubatch, p.n_ctx, p.drafter_placement) == ("resident", "f16", 512, 4096, "cpu")
-    assert p.suffix_cap_tokens == planner.SUFFIX_DEFAULT_CAP and p.threads == 4
+    assert p.suffix_cap_tokens == candidates.SUFFIX_DEFAULT_CAP and p.threads == 4
     # Repacking on: a full load reads the repacked tensors once instead of mapping them too.
     assert p.repack and not p.use_mmap
     assert p.ram_bytes <= 8 * GiB and {d.name for d in p.decisions} >= {
@@ -407,8 +409,8 @@ def test_auto_context_is_capped_to_fit(fp):
 
 
 def test_exact_plans_keep_the_target_on_the_cpu(fp):
-    """Exact mode (budget.EXACT_PLAN) on a GPU machine: the drafter may take the GPU, the target not."""
-    from edgespec.memory.budget import EXACT_PLAN
+    """Exact mode (EXACT_PLAN) on a GPU machine: the drafter may take the GPU, the target not."""
+    from edgespec.load.resolve import EXACT_PLAN
 
     t, dr = fp(TARGET), fp(DRAFTER)
     free = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB))
@@ -449,7 +451,7 @@ def test_a_gpu_build_counts_its_runtime_in_ram(fp):
 
     assert host(planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=cpu_machine())) == 0
     assert host(planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=METAL)) == 0  # not measured
-    base, each = planner.GPU_HOST_RUNTIME_BYTES, planner.GPU_HOST_PER_CONTEXT_BYTES
+    base, each = candidates.GPU_HOST_RUNTIME_BYTES, candidates.GPU_HOST_PER_CONTEXT_BYTES
     for placement in ("gpu", "draft-gpu", "cpu"):
         both = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB), placement=placement)
         alone = planner.make_plan(t, None, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB),

@@ -31,8 +31,8 @@ from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.errors import BackendError, InvalidRequest
 from edgespec.memory.placements import VERIFY_ROWS
 from edgespec.spec.step import SpeculativeStep
-from edgespec.spec.tree import DraftTree
-from edgespec.spec.verify import fit_draft, is_chain, leaves_of, main_path, path_layout
+from edgespec.decode.tree import DraftTree
+from edgespec.decode.verify import fit_draft, is_chain, leaves_of, main_path, path_layout
 from fake_model import BOS, FakeContext, FakeModel, KVLayoutError
 
 TARGET = FakeModel(n_vocab=96, seed=0)
@@ -250,7 +250,8 @@ def test_chains_only_verifies_chains_and_keeps_greedy_answers(kind):
 def test_a_chains_only_suffix_index_proposes_its_main_path():
     """DraftConfig.chains (exact mode): the suffix drafter proposes the main path of the tree it
     would draft, so `auto` prices what is verified, and make_drafter passes the flag through."""
-    from edgespec.drafters import DraftConfig, make_drafter
+    from edgespec.drafters import DraftConfig
+    from edgespec.drafters.factory import make_drafter
 
     rng = np.random.default_rng(9)
     stem, tails = random_prompt(rng, 4)[1:], [random_prompt(rng, 5)[1:] for _ in range(3)]

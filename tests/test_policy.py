@@ -96,7 +96,7 @@ def test_match_length_classes():
 
 def test_tree_sizes_probe_the_largest_then_pick_what_pays_and_fall_back_to_plain():
     from edgespec.drafters.auto.policy import TreeSizes
-    from edgespec.spec.tree import DraftTree
+    from edgespec.decode.tree import DraftTree
 
     flat = CostModel((1, 8, 64), (1.0, 2.0, 2.5), draft_token_s=0.001)  # op offload: big batches cost alike
     sizes = TreeSizes((3, 7, 15, 31, 63), probe_every=4)
@@ -119,7 +119,7 @@ def test_tree_sizes_learn_nothing_about_sizes_larger_than_the_tree_drafted():
     """A small tree that accepted little lowers the level every size scales, not the shape of
     sizes it could not see: the larger sizes keep their prior's ratio to the smallest."""
     from edgespec.drafters.auto.policy import PRIOR_TREE_ACCEPTED, TreeSizes
-    from edgespec.spec.tree import DraftTree
+    from edgespec.decode.tree import DraftTree
 
     sizes = TreeSizes((3, 7, 15, 31, 63))
     assert {b: sizes.expected(b) for b in sizes.sizes} == pytest.approx(PRIOR_TREE_ACCEPTED)
@@ -141,7 +141,7 @@ def test_tree_sizes_learn_nothing_about_sizes_larger_than_the_tree_drafted():
 
 def test_tree_sizes_price_trees_again_after_steps_without_them():
     from edgespec.drafters.auto.policy import PRIOR_TREE_ACCEPTED, TreeSizes
-    from edgespec.spec.tree import DraftTree
+    from edgespec.decode.tree import DraftTree
 
     sizes = TreeSizes((3, 7, 15, 31, 63))
     for _ in range(40):  # trees that accept nothing
@@ -156,7 +156,7 @@ def test_tree_sizes_level_follows_trees_drafted_at_every_step():
     """Where every step drafts a tree, each one measures the level: it is what they accept, not
     pulled toward the prior (which held 3-node trees accepting 1 token at a level of 1.22)."""
     from edgespec.drafters.auto.policy import TreeSizes
-    from edgespec.spec.tree import DraftTree
+    from edgespec.decode.tree import DraftTree
 
     sizes = TreeSizes((3, 7, 15, 31, 63))
     for _ in range(60):
@@ -200,7 +200,7 @@ class _FixedChain:
         pass
 
     def propose(self, context, budget, stop=None):
-        from edgespec.spec.tree import DraftTree
+        from edgespec.decode.tree import DraftTree
 
         conf = []
         for c in self.confidences[:budget]:
@@ -249,7 +249,7 @@ class _TreeOrChain(_FixedChain):
         self.sizes, self.shapes, self._verifying = TreeSizes(TREE_SIZES), [], None
 
     def propose(self, context, budget, stop=None, tree=None):
-        from edgespec.spec.tree import DraftTree
+        from edgespec.decode.tree import DraftTree
 
         self.shapes.append(("tree" if tree else "chain", budget))
         if not tree:

@@ -145,7 +145,7 @@ def test_host_check_and_model_names():
 def test_metrics_text_format():
     from edgespec.decode.events import GenerationStats
     from edgespec.server.app import Metrics
-    from edgespec.spec.stats import DrafterCounts, SpecStats
+    from edgespec.decode.stats import DrafterCounts, SpecStats
 
     m = Metrics()
     spec = SpecStats(mode="suffix", steps=4, drafted=6, accepted=5,
@@ -774,7 +774,7 @@ def test_serve_refuses_bad_ram_budget(small_path, budget):
 def test_serve_refuses_a_model_over_the_ram_budget(small_path):
     proc = _cli("serve", "-m", small_path, "--port", "0", "--ctx", str(CTX), "--draft", "none",
                 "--ram-budget", "10MiB")
-    _one_line_error(proc, 1, "--ram-budget", "10.00 MiB", "lower --ctx")
+    _one_line_error(proc, 1, "raise --ram-budget", "10.00 MiB")
 
 
 def test_serve_unknown_model_and_busy_port(tmp_path, small_path):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edgespec.drafters import suffix_index as si
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 from edgespec.drafters.suffix import NAME, SuffixDrafter
 
 IMPLS = [

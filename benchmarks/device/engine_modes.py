@@ -63,7 +63,7 @@ def run(name: str, models: Path) -> dict:
     out: dict = {"mode": mode, "target": target, "vram_budget": vram}
     with capture_llama_log() as cap:
         with Engine(EngineConfig(**base)) as engine:
-            plan = engine.placement.plan
+            plan = engine.load_plan.plan
             out["plan"] = {"placement": plan.placement, "n_gpu_layers": plan.n_gpu_layers,
                            "vram_planned": plan.vram_bytes, "ram_planned": plan.ram_bytes,
                            "no_host": plan.no_host, "op_offload": plan.op_offload}
@@ -72,7 +72,7 @@ def run(name: str, models: Path) -> dict:
     cfg = EngineConfig(**base, draft="model", draft_model=str(models / "qwen0.5b.gguf"), draft_max=8)
     with capture_llama_log() as cap:
         with Engine(cfg) as engine:
-            plan = engine.placement.plan
+            plan = engine.load_plan.plan
             # Random weights are never confident: draft full chains anyway, so the step pays
             # for drafting 8 tokens and verifying 9 (the cost of speculating with no acceptance).
             engine.drafter.min_confidence = 0.0

@@ -29,7 +29,7 @@ from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.decode.sequence import run_beside
 from edgespec.engine import Engine, EngineConfig
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 
 log = logging.getLogger("overlap")
 GiB = 1 << 30
@@ -103,7 +103,7 @@ def main() -> None:
     for name, (mode, vram) in PLACEMENTS.items():
         try:
             with Engine(EngineConfig(**base, placement=mode, vram_budget=vram, overlap=True)) as engine:
-                plan = engine.placement.plan
+                plan = engine.load_plan.plan
                 results[name] = {"n_gpu_layers": plan.n_gpu_layers, "drafter": plan.drafter_placement,
                                  "chains": _micro(engine, np.random.default_rng(0))}
         except Exception as exc:  # one placement's failure must not hide the others

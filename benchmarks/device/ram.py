@@ -79,7 +79,7 @@ def main(argv: list[str]) -> dict:
         phases.append({"phase": "request peak", "rss_mib": round(done.stats.peak_rss_bytes / MiB, 1),
                        "anon_mib": round(done.stats.peak_anon_bytes / MiB, 1)})
         maps = mappings()
-        plan = engine.placement.plan
+        plan = engine.load_plan.plan
         parts = [{"part": p.component, "where": p.where, "mib": round(p.bytes / MiB, 1)} for p in plan.parts]
     return {"placement": args.placement, "ram_budget_mib": args.ram_budget, "vram_budget_mib": args.vram_budget,
             "devices": devices, "plan_ram_mib": round(plan.ram_bytes / MiB, 1),

@@ -14,6 +14,8 @@ import os
 import sys
 
 from edgespec.files.modelfile import model_file
+
+from edgespec.memory.footprint import footprint_of
 from edgespec.memory import planner
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -38,14 +40,14 @@ def machine_of(result: dict) -> planner.MachineInfo:
 def main(results: str, models: str) -> None:
     with open(results) as f:
         measured = json.load(f)
-    drafter = model_file(os.path.join(models, "qwen0.5b.gguf")).footprint
+    drafter = footprint_of(model_file(os.path.join(models, "qwen0.5b.gguf")))
     # recorded: the plan ram.py recorded (its runtime part, not the pinned compute buffer yet);
     # before: that plan without the runtime part, as the planner had it before section 20
     print("| layout | request peak MiB | plan before | plan recorded | plan now | spare |")
     print("|---|---|---|---|---|---|")
     for name, (placement, target, with_drafter, vram) in LAYOUTS.items():
         r = measured[f"engine-ram-{name}.json"]
-        plan = planner.make_plan(model_file(os.path.join(models, target + ".gguf")).footprint,
+        plan = planner.make_plan(footprint_of(model_file(os.path.join(models, target + ".gguf"))),
                                  drafter if with_drafter else None, ram_budget=100 * GiB,
                                  vram_budget=vram and vram * MiB, n_ctx=1024, machine_info=machine_of(r),
                                  suffix=not with_drafter, placement=placement, threads=8, long_drafts=False)

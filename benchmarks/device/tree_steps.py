@@ -99,7 +99,7 @@ def engine_steps(name: str, models: Path) -> dict:
         t0 = time.perf_counter()
         done = engine.chat([{"role": "user", "content": PROMPT}], req)
         wall = time.perf_counter() - t0
-        plan = engine.placement.plan
+        plan = engine.load_plan.plan
     spec = done.stats.spec
     return {"placement": plan.placement, "n_gpu_layers": plan.n_gpu_layers, "draft_max": draft_max,
             "decode_tok_s": done.stats.tokens_per_s, "gen_s": done.stats.gen_s, "wall_s": wall,

@@ -157,8 +157,8 @@ def child(job: dict) -> dict:
     with Engine(cfg, store) as engine:
         out = {"load_s": time.perf_counter() - t0, "read_bytes_load": _io_read() - io0,
                "machine": describe(engine.ctx.n_threads),
-               "file_backed": bool(engine.placement and engine.placement.file_backed),
-               "notes": list(engine.placement.notes) if engine.placement else []}
+               "file_backed": engine.load_plan.release_limit is not None,
+               "notes": list(engine.load_plan.notes)}
         if job["kind"] == "curve":
             out.update(_curve(engine, job))
         else:

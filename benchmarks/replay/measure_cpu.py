@@ -15,7 +15,8 @@ import statistics
 from pathlib import Path
 
 from edgespec.bench.machine import describe
-from edgespec.drafters import DraftConfig, default_draft_model, load_model_drafter
+from edgespec.drafters import DraftConfig, default_draft_model
+from edgespec.drafters.factory import load_model_drafter
 from edgespec.drafters.auto.calibrate import cost_model, fill_context, time_batch
 from edgespec.engine import Engine, EngineConfig
 

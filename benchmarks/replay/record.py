@@ -24,7 +24,7 @@ import replay as rp
 
 from edgespec.bench.machine import describe
 from edgespec.bench.prompts import load_suite, select
-from edgespec.bench.runner import BenchSettings, _prompt_tokens, _share_prefill
+from edgespec.bench.runner import _prompt_tokens, _share_prefill
 from edgespec.decode.loop import Decoder
 from edgespec.drafters import DraftConfig, default_draft_model
 from edgespec.drafters.factory import load_model_drafter
@@ -48,12 +48,12 @@ def main() -> None:
     ap.add_argument("--redraft", action="store_true", help="re-record only the drafter's part of --out")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    settings = BenchSettings(max_tokens=args.max_tokens, threads=args.threads, draft_max=args.draft_max)
+    settings = EngineConfig(n_threads=args.threads, draft_max=args.draft_max)
     prompts = select(load_suite(args.suite), args.limit, args.split)
-    engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
+    engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.n_threads,
                                  n_seq_max=settings.draft_max + 1))
     name = default_draft_model(engine.model, engine.store)
-    cfg = DraftConfig(kind="model", n_ctx=DRAFTER_CTX, n_threads=settings.threads)
+    cfg = DraftConfig(kind="model", n_ctx=DRAFTER_CTX, n_threads=settings.n_threads)
     drafter = load_model_drafter(engine.model, engine.store.resolve(name), cfg)
     assert drafter.ctx.n_seq_max == MAX_TREE_NODES + 1
     meta = {"model": settings.model, "draft_model": name, "draft_max": settings.draft_max,
@@ -68,12 +68,12 @@ def main() -> None:
             tokens = _prompt_tokens(engine, p)
             _share_prefill(engine.seq, tokens)
             t1 = time.perf_counter()
-            output, finish = rp.record_plain(Decoder(engine.model, engine.seq), tokens, settings.max_tokens)
+            output, finish = rp.record_plain(Decoder(engine.model, engine.seq), tokens, args.max_tokens)
             meta["plain_gen_s"][p.id] = time.perf_counter() - t1
             d = rp.record_drafter(drafter.ctx, tokens, output, drafter.min_confidence, settings.draft_max - 1)
             done.append(rp.PromptTrace(p.id, p.category, tuple(tokens), output, finish, d))
             meta["record_s"][p.id] = time.perf_counter() - t0
-            rp.save_trace(rp.Trace(args.suite, settings.max_tokens, tuple(done), meta), args.out)
+            rp.save_trace(rp.Trace(args.suite, args.max_tokens, tuple(done), meta), args.out)
             misses = sum(1 for q, c in enumerate(d.confident_at) if c and d.top(q) != output[q])
             log.info("%d/%d %s: %d prompt + %d output tokens (%s), %d confident misses, %.1f s", k + 1, len(prompts),
                      p.id, len(tokens), len(output), finish, misses, meta["record_s"][p.id])

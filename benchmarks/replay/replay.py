@@ -20,7 +20,7 @@ further tokens off the plain path (recorded once per miss, since that continuati
 depend on where the chain started). Model-drafted trees are replayed from their own records
 (replay_trees.py).
 
-Vocabulary as in edgespec.spec.tree. Record with ``benchmarks/replay/record.py``, replay with
+Vocabulary as in edgespec.decode.tree. Record with ``benchmarks/replay/record.py``, replay with
 ``benchmarks/replay/simulate.py``.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ from edgespec.drafters.auto.select import pays
 from edgespec.drafters.hybrid import HybridDrafter
 from edgespec.drafters.model import TREE_SIZES
 from edgespec.spec.step import SpeculativeStep
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 
 log = logging.getLogger(__name__)
 

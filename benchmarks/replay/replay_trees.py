@@ -23,7 +23,7 @@ from replay import OFF_PATH, Ledger, PromptTrace, TraceChainDrafter, TreeTrace, 
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.model import MAX_EXPANSIONS, TREE_SIZES
 from edgespec.drafters.tree_kv import PathKV
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 from edgespec.spec.tree_search import Children, accepted_path, best_first, top_children
 
 BRANCH = 8

@@ -72,6 +72,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgespec.errors import EdgespecError, InvalidRequest
+from edgespec.files.modelfile import model_file
+from edgespec.files.store import default_home
+from edgespec.llama import OP_OFFLOAD_SET_BY_EDGESPEC
+from edgespec.llama.invariant import TILED_MM_ENV
+from edgespec.llama.kernels import OP_OFFLOAD_ENV
 
 BUILD_COMMAND = "bash benchmarks/build_peers.sh"
 SPEC_BINARY = "llama-speculative-simple"
@@ -149,9 +154,6 @@ def _native_env() -> dict[str, str]:
     """The environment of a native peer: llama.cpp's default kernels even in an `--exact` run,
     and its own op offload threshold unless the user set one (edgespec's is for its pinned
     split targets; a native peer maps its weights)."""
-    from edgespec.llama import OP_OFFLOAD_SET_BY_EDGESPEC
-    from edgespec.llama.invariant import TILED_MM_ENV
-    from edgespec.llama.kernels import OP_OFFLOAD_ENV
 
     drop = {TILED_MM_ENV} | ({OP_OFFLOAD_ENV} if OP_OFFLOAD_SET_BY_EDGESPEC else set())
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "LC_ALL": "C"}
@@ -220,7 +222,6 @@ def generated_text(stdout: str, prompt_shown: str) -> str | None:
 # -- locating and running the native binaries ---------------------------------------------------
 def peers_bin_dir() -> Path:
     """``$EDGESPEC_HOME/peers/bin`` (default ``~/.cache/edgespec/peers/bin``)."""
-    from edgespec.files.store import default_home
 
     return Path(default_home()) / "peers" / "bin"
 
@@ -245,7 +246,6 @@ def _require_binary(name: str) -> Path:
 @functools.lru_cache(maxsize=16)
 def _bos_text_to_strip(model_path: str, mtime_ns: int) -> str:
     """The BOS token's text when llama.cpp will prepend a BOS itself (else "")."""
-    from edgespec.files.modelfile import model_file
 
     md = model_file(model_path).gguf.metadata
     add_bos = md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")

@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from edgespec.bench import peers
 from edgespec.bench.machine import describe
 from edgespec.bench.prompts import BenchPrompt, conversation
 from edgespec.bench.summary import PLAIN, Record, interleaved_order, summarize
-from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of, make_drafter
+from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of
+from edgespec.drafters.factory import make_drafter
 from edgespec.engine import Engine, EngineConfig
 from edgespec.memory import placements
 from edgespec.errors import InvalidRequest
@@ -56,32 +57,27 @@ def base_config(config: str) -> str:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    model: str = "qwen2.5-coder-1.5b"
-    draft_model: str | None = None
+    """A bench run: the load (``engine``: target, budgets, placement, kernels, draft shape and
+    the ``recheck_gap`` of the X+recheck configurations; each configuration adds its own
+    drafter), and what every configuration generates."""
+
+    engine: EngineConfig = EngineConfig()
     max_tokens: int = 256
     temperature: float = 0.0
     seed: int = 0
-    n_ctx: int = 4096
-    threads: int | None = None
-    draft_max: int | None = None  # None: auto's the placement's (EngineConfig.draft_max), the others 32
-    draft_tree: bool | None = None  # ... and whether auto may draft trees
-    recheck_gap: float = 0.0  # greedy near-tie re-checks of the X+recheck configurations (SpeculativeStep)
     repeats: int = 1
-    ram_budget: int | None = None
-    vram_budget: int | None = None
-    placement: str | None = None  # edgespec.memory.placements mode (planned, like a budget)
     share_prefill: bool = False
-    onnx_provider: str = "cpu"  # the onnx configuration's execution provider
-    onnx_bits: str = "exact"  # ... and conversion
     turns: str = "first"  # one of TURNS
-    exact: bool = False  # batch-invariant kernels for every configuration, plain included (EngineConfig.exact)
-    # The target's attention kernel for every configuration, the native peers' too; None: the
-    # engine's default (EngineConfig.flash_attn) and llama.cpp's for the peers (on).
-    flash_attn: bool | None = None
 
     def __post_init__(self) -> None:
         if self.turns not in TURNS:
             raise InvalidRequest(f"--turns must be one of {', '.join(TURNS)}, got {self.turns!r}")
+
+    def to_dict(self) -> dict:
+        """The settings as a results file records them: the load's options, then the run's."""
+        out = asdict(self.engine)
+        out.update((k, v) for k, v in asdict(self).items() if k != "engine")
+        return out
 
 
 @dataclass
@@ -125,8 +121,7 @@ class _Runners:
     @property
     def model_allowed(self) -> bool:
         """False when a RAM budget's plan had no room for the drafter model."""
-        p = self.engine.placement
-        return p is None or p.model_drafter_allowed
+        return self.engine.load_plan.model_drafter_allowed
 
     def model_drafter(self, tree: bool):
         if self._model_drafter is None:
@@ -139,15 +134,13 @@ class _Runners:
         """`auto`'s shape is the engine's (the placement's default); the others draft chains of
         ``--draft-max`` (32 unless given), as `edgespec run --draft KIND` would."""
         if kind == "auto":
-            return self.engine.draft_shape
-        return placements.CHAINS.given(self.settings.draft_max, False)
+            return self.engine.load_plan.shape
+        return placements.CHAINS.given(self.settings.engine.draft_max, False)
 
     def _draft_config(self, kind: str) -> DraftConfig:
-        shape = self._shape(kind)
-        return self.engine.drafter_config(DraftConfig(
-            kind=kind, draft_model=self.settings.draft_model, n_ctx=self.engine.ctx.n_ctx,
-            n_threads=self.settings.threads, draft_max=shape.draft_max, tree=shape.tree,
-            onnx_provider=self.settings.onnx_provider, onnx_bits=self.settings.onnx_bits))
+        """``kind`` placed as the engine's plan places drafters, over the engine's context."""
+        cfg = self.engine.load_plan.draft_config(kind, self._shape(kind))
+        return replace(cfg, n_ctx=self.engine.ctx.n_ctx)
 
     def runner(self, config: str):
         """A fresh drafter per call (no history carried between prompts), sharing the model."""
@@ -160,7 +153,7 @@ class _Runners:
         shared = self.model_drafter(tree=base == "model-tree" or cfg.tree) if wants_model else None
         drafter = make_drafter(cfg, self.engine.model, self.engine.store, target_ctx=self.engine.ctx,
                                shared_model=shared)
-        gap = self.settings.recheck_gap if config.endswith(RECHECK) else 0.0
+        gap = self.settings.engine.recheck_gap if config.endswith(RECHECK) else 0.0
         return Decoder(self.engine.model, self.engine.seq, self.engine.speculative_step(drafter, cfg.draft_max, gap))
 
     def close(self) -> None:
@@ -191,29 +184,14 @@ def _peer_record(p: BenchPrompt, config: str, repeat: int, turn: int, r: peers.P
 def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSettings,
               progress: Callable[[int, int, str, str], None] | None = None) -> BenchResult:
     """Runs every (repeat, prompt, config) in interleaved order and returns all records."""
-    configs = validate_configs(configs, settings.recheck_gap)
-    if settings.exact and "model-tree" in map(base_config, configs):
+    configs = validate_configs(configs, settings.engine.recheck_gap)
+    if settings.engine.exact and "model-tree" in map(base_config, configs):
         raise InvalidRequest("model-tree drafts trees, which exact mode does not verify: drop it or --exact")
-    if settings.exact and any(c.endswith(RECHECK) for c in configs):
-        raise InvalidRequest("exact mode computes every verified row as plain decoding does: drop X+recheck or --exact")
-    # A budget is planned for the target with the suffix drafter; configurations that add a
-    # drafter model do so on top of it (auto only when the plan leaves room for one).
-    planned = settings.ram_budget is not None or settings.vram_budget is not None or settings.placement is not None
-    # The placement's longer default is auto's: without auto, chains unless asked. (Unplanned,
-    # the engine is built without a drafter: it must still hold the drafts' sequences.)
-    chains = placements.CHAINS.given(settings.draft_max, settings.draft_tree)
-    auto = any(base_config(c) == "auto" for c in configs)
-    engine = Engine(EngineConfig(model=settings.model, n_ctx=settings.n_ctx, n_threads=settings.threads,
-                                 draft_max=settings.draft_max if auto else chains.draft_max,
-                                 draft_tree=settings.draft_tree if auto else chains.tree,
-                                 n_seq_max=1 if planned else 1 + chains.draft_max, ram_budget=settings.ram_budget,
-                                 vram_budget=settings.vram_budget, placement=settings.placement,
-                                 draft=_planned_draft(configs) if planned else None, exact=settings.exact,
-                                 flash_attn=settings.flash_attn))
-    runners = _Runners(engine, settings, trees=engine.draft_shape.tree
+    engine = Engine(_engine_config(settings.engine, configs))
+    runners = _Runners(engine, settings, trees=engine.load_plan.shape.tree
                        or any(base_config(c) == "model-tree" for c in configs))
-    shape = engine.draft_shape  # what auto drafted (the others: chains of draft_max, default 32)
-    result = BenchResult(describe(engine.ctx.n_threads), dict(settings.__dict__, configs=configs,
+    shape = engine.load_plan.shape  # what auto drafted (the others: chains of draft_max)
+    result = BenchResult(describe(engine.ctx.n_threads), dict(settings.to_dict(), configs=configs,
                                                               draft_max=shape.draft_max, draft_tree=shape.tree))
     by_id = {p.id: p for p in prompts}
     turns = {p.id: p.n_turns for p in prompts} if settings.turns == "all" else None
@@ -239,6 +217,19 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     return result
 
 
+def _engine_config(engine: EngineConfig, configs: list[str]) -> EngineConfig:
+    """The target every configuration shares. A budget is planned for the target with the
+    suffix drafter, or `auto` when a configuration uses the drafter model (which adds it on top
+    only where the plan leaves room); the placement's longer default shape is auto's alone.
+    Unplanned, the engine builds no drafter but holds the drafts' sequences."""
+    chains = placements.CHAINS.given(engine.draft_max, engine.draft_tree)
+    auto = any(base_config(c) == "auto" for c in configs)
+    return replace(engine, draft_max=engine.draft_max if auto else chains.draft_max,
+                   draft_tree=engine.draft_tree if auto else chains.tree,
+                   n_seq_max=1 if engine.planned else 1 + chains.draft_max,
+                   draft=_planned_draft(configs) if engine.planned else None)
+
+
 def _planned_draft(configs: list[str]) -> str:
     """What a budget is planned for: the drafter model too when a configuration uses one."""
     return "auto" if any(base_config(c) in MODEL_CONFIGS or base_config(c) == "auto" for c in configs) else "suffix"
@@ -258,8 +249,8 @@ def _run_one(engine, runners, p: BenchPrompt, answers: list[str], config: str, r
         try:
             r = peers.run(config, _render(engine, p, answers),
                           target_path=engine.model.path, draft_path=_peer_draft_path(engine, settings),
-                          max_tokens=settings.max_tokens, threads=engine.ctx.n_threads, ctx=settings.n_ctx,
-                          flash_attn=settings.flash_attn is not False)
+                          max_tokens=settings.max_tokens, threads=engine.ctx.n_threads, ctx=settings.engine.n_ctx,
+                          flash_attn=settings.engine.flash_attn is not False)
         except peers.PeerUnavailable as exc:
             log.warning("%s skipped: %s", config, exc)
             return None
@@ -309,7 +300,7 @@ def _render(engine: Engine, p: BenchPrompt, answers: Sequence[str] = ()) -> str:
 
 def _peer_draft_path(engine: Engine, settings: BenchSettings) -> str | None:
     try:
-        name = settings.draft_model or default_draft_model(engine.model, engine.store)
+        name = settings.engine.draft_model or default_draft_model(engine.model, engine.store)
         return str(engine.store.resolve(name))
     except Exception:  # noqa: BLE001 - a peer without a drafter is reported by the peer itself
         return None

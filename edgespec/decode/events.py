@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from edgespec.spec.stats import SpecStats
+from edgespec.decode.stats import SpecStats
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from edgespec.decode.sampling import SamplingParams, pick_token
 from edgespec.decode.sequence import KVSequence
 from edgespec.errors import InvalidRequest
 from edgespec.memory.rss import PeakRSS
-from edgespec.spec.stats import SpecStats
+from edgespec.decode.stats import SpecStats
 
 
 class Step(Protocol):

@@ -6,7 +6,7 @@ rest; a speculative step decodes pending + a draft tree in one batch (``verify``
 ``commit``s the accepted path or, if anything raises in between, ``rollback`` restores the cache
 to the mirror, so the next request starts from a cache equal to a fresh prefill.
 
-Tree layout of a verification (see edgespec.spec.verify): the context sits at positions
+Tree layout of a verification (see edgespec.decode.verify): the context sits at positions
 0..L-1 of sequence 0, pending at L, draft node i at L + depth(i); every root-to-leaf path gets
 its own sequence id 1..k, into which the context is shared first.
 """
@@ -21,8 +21,8 @@ from typing import TypeVar
 import numpy as np
 
 from edgespec.decode.tokens import fast_common_prefix
-from edgespec.spec.tree import DraftTree
-from edgespec.spec.verify import is_chain, path_layout
+from edgespec.decode.tree import DraftTree
+from edgespec.decode.verify import is_chain, path_layout
 
 SEQ_MAIN = 0
 T = TypeVar("T")

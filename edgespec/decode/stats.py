@@ -1,5 +1,5 @@
 """Speculation counters of one request, typed: the CLI line, the server, /metrics and the bench
-read these fields (vocabulary in edgespec.spec.tree)."""
+read these fields (vocabulary in edgespec.decode.tree)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

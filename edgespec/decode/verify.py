@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 
 
 def leaves_of(draft: DraftTree) -> list[int]:

@@ -35,15 +35,16 @@ from edgespec.decode.sampling import (
 from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.auto.policy import CostModel, TreeSizes
 from edgespec.drafters.tree_kv import PathKV
-from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel
-from edgespec.spec.tree import DraftTree
+from edgespec.llama.backend import LlamaContext, LlamaModel
+from edgespec.memory import placements
+from edgespec.decode.tree import DraftTree
 from edgespec.spec.tree_search import best_first, top_children
 
 log = logging.getLogger(__name__)
 
 NAME = "model"
 Stop = Callable[[Sequence[float]], bool]  # a greedy chain's confidences so far -> end it here
-MAX_TREE_NODES = 63  # the largest tree: a 64-row verification
+MAX_TREE_NODES = placements.TREES.draft_max  # the largest tree: a 64-row verification
 TREE_SIZES = (3, 7, 15, 31, 63)  # the sizes a tree policy chooses from (edgespec.drafters.auto.policy.TreeSizes)
 # A search decodes more nodes than its tree holds (the exact 63-node tree took more than 63
 # expansions at 76% of the code-edit positions, 106 on average) but holds at most its budget
@@ -135,15 +136,7 @@ class ModelDrafter:
         self.params = SamplingParams(temperature=0.0)
         self.rng = np.random.default_rng()
 
-    @staticmethod
-    def context_params(n_ctx: int, n_threads: int | None = None, on_gpu: bool = True) -> ContextParams:
-        """The drafter's context, chains or trees: SEQUENCES for a tree search's held nodes; a
-        small ubatch keeps the compute buffer (ubatch x vocabulary logits) small. The planner
-        sizes the drafter from this declaration. A drafter wholly on the CPU (``on_gpu``
-        False) of a GPU build never ships a batch to the GPU: at edgespec's op offload threshold
-        every tree round of 2+ nodes would copy its weights there."""
-        return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=SEQUENCES, n_threads=n_threads,
-                             op_offload=on_gpu)
+    context_params = staticmethod(placements.drafter_context_params)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None, rng=None) -> None:

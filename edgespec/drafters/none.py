@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 
 NAME = "none"
 

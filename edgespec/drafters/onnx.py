@@ -27,9 +27,13 @@ from edgespec.decode.sampling import (
     recent_window,
 )
 from edgespec.decode.tokens import fast_common_prefix
+from edgespec.drafters import default_draft_model
+from edgespec.files.gguf import read_gguf
+from edgespec.files.vocab import check_compatible
+from edgespec.onnx.convert import convert
 from edgespec.drafters.model import MAX_EXPANSIONS, Stop, draft_chain, drafts_tree
 from edgespec.onnx.session import MASKED, OnnxLM
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 from edgespec.spec.tree_search import SearchResult, best_first, top_children
 
 log = logging.getLogger(__name__)
@@ -200,10 +204,6 @@ def make_onnx_drafter(target_model, store, draft_model: str | None = None, provi
         IncompatibleModels: its vocabulary does not match the target's.
         UnsupportedModel / StoreError: it cannot be converted.
     """
-    from edgespec.drafters import default_draft_model
-    from edgespec.files.gguf import read_gguf
-    from edgespec.files.vocab import check_compatible
-    from edgespec.onnx.convert import convert
 
     source = store.resolve(draft_model or default_draft_model(target_model, store))
     check_compatible(target_model.gguf, read_gguf(source))

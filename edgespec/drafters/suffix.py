@@ -20,13 +20,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.spec.tree import DraftTree
-from edgespec.spec.verify import main_path
+from edgespec.decode.tree import DraftTree
+from edgespec.decode.verify import main_path
 from edgespec.drafters.suffix_index import SuffixIndex
+from edgespec.memory.footprint import SUFFIX_BYTES_PER_TOKEN, SUFFIX_HISTORY_TOKENS
 
 NAME = "suffix"
-BYTES_PER_TOKEN = 115  # native index, measured: what the planner budgets per held token
-DEFAULT_HISTORY_TOKENS = 1 << 18  # tokens of earlier requests kept (~29 MiB)
+BYTES_PER_TOKEN = SUFFIX_BYTES_PER_TOKEN
+DEFAULT_HISTORY_TOKENS = SUFFIX_HISTORY_TOKENS
 
 
 class SuffixDrafter:

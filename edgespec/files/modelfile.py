@@ -1,6 +1,6 @@
-"""A model file read once per process: its validated GGUF, info, tokenizer fingerprint and
-memory footprint, cached by (real path, size, mtime) so that building an engine — budget,
-backend, drafters and vocabulary check all need the same facts — parses each file once."""
+"""A model file read once per process: its validated GGUF, info and tokenizer fingerprint,
+cached by (real path, size, mtime) so that building an engine — load plan, backend, drafters
+and vocabulary check all need the same facts — parses each file once."""
 from __future__ import annotations
 
 import functools
@@ -23,13 +23,6 @@ class ModelFile:
     @functools.cached_property
     def fingerprint(self) -> str:
         return tokenizer_fingerprint(self.gguf)
-
-    @functools.cached_property
-    def footprint(self):
-        """edgespec.memory.footprint.ModelFootprint: bytes of every part, from metadata."""
-        from edgespec.memory.footprint import estimate_model
-
-        return estimate_model(self.gguf)
 
 
 def model_file(path: str | os.PathLike) -> ModelFile:

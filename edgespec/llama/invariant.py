@@ -34,7 +34,7 @@ from edgespec.errors import BackendError
 from edgespec.llama.backend import ContextParams, LlamaContext, ModelParams
 
 TILED_MM_ENV = "GGML_CPU_TILED_MM"
-# The one cache type of exact mode (the planner plans it: edgespec.memory.budget.EXACT_PLAN):
+# The one cache type of exact mode (the planner plans it: edgespec.load.resolve.EXACT_PLAN):
 # an f16 cache splits one-token decodes across threads.
 KV_TYPE = "q8_0"
 PROBE_TEXT = "def mean(values):\n    total = sum(values)\n    return total / len(values)\n\nprint(mean([1, 2, 3]))\n"

@@ -13,17 +13,17 @@ from edgespec.llama.kernels import op_offload_min_batch
 from edgespec.memory import placements
 from edgespec.memory.footprint import ModelFootprint
 from edgespec.memory.machine import MachineInfo, default_threads
-from edgespec.memory.planner import (SUFFIX_BYTES_PER_TOKEN, SUFFIX_DEFAULT_CAP, UBATCH_CHOICES, Decision,
-                                     Plan, ShapeChoice, _ctx_options, _Eval, _Planner, fmt_bytes)
+from edgespec.memory.candidates import (SUFFIX_BYTES_PER_TOKEN, SUFFIX_DEFAULT_CAP, UBATCH_CHOICES, Decision,
+                                        Evaluation, Evaluator, Plan, ShapeChoice, ctx_options, fmt_bytes)
 
 
 @dataclass
 class _Context:
     """What every decision function may read, and where it adds warnings."""
 
-    pl: _Planner
-    e: _Eval
-    evals: list[_Eval]
+    pl: Evaluator
+    e: Evaluation
+    evals: list[Evaluation]
     target: ModelFootprint
     drafter: ModelFootprint | None
     m: MachineInfo
@@ -39,7 +39,7 @@ class _Context:
         return s + f" (budget {fmt_bytes(self.pl.ram_budget)})"
 
 
-def build_plan(pl: _Planner, e: _Eval, evals: list[_Eval], target: ModelFootprint,
+def build_plan(pl: Evaluator, e: Evaluation, evals: list[Evaluation], target: ModelFootprint,
                drafter: ModelFootprint | None, m: MachineInfo, ram_given: bool, vram_given: bool,
                n_ctx: int | None, mlock: bool, threads: int | None, forced: str | None,
                choice: ShapeChoice) -> Plan:
@@ -211,7 +211,7 @@ def _context(c: _Context, n_ctx: int | None) -> list[Decision]:
     if n_ctx is not None:
         ctx = Decision("n_ctx", cfg.n_ctx, f"requested (trained context {target.n_ctx_train})")
     else:
-        top = _ctx_options(None, target.n_ctx_train)[0]
+        top = ctx_options(None, target.n_ctx_train)[0]
         ctx = Decision("n_ctx", cfg.n_ctx, f"engine default (trained context {target.n_ctx_train})"
                        if cfg.n_ctx == top else f"capped: a {top}-token context {c.alt(n_ctx=top)}")
     if cfg.kv_type == "f16":
@@ -313,7 +313,7 @@ def _threads(c: _Context, threads: int | None, n_thr: int) -> Decision:
     return Decision("threads", n_thr, why)
 
 
-def _reports(e: _Eval, target: ModelFootprint) -> dict:
+def _reports(e: Evaluation, target: ModelFootprint) -> dict:
     """The buffer sizes llama.cpp's log will print for this plan (tests compare them)."""
     tc, dc = e.target_ctx, e.drafter_ctx
     reports = {"target": {"model": target.weights_bytes - (e.repack_bytes if not e.use_mmap else 0),

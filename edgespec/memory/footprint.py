@@ -58,6 +58,7 @@ from edgespec.errors import InvalidRequest
 from edgespec.files import gguf as gguf_mod
 from edgespec.files.modelfile import ModelFile
 from edgespec.llama.kernels import KV_CACHE_TYPES
+from edgespec.onnx.providers import GPU_MEMORY
 
 SUFFIX_BYTES_PER_TOKEN = 115  # the native suffix index, measured: bytes per held token
 SUFFIX_HISTORY_TOKENS = 1 << 18  # tokens of earlier requests the suffix index keeps by default (~29 MiB)
@@ -466,7 +467,6 @@ class OnnxDrafterFootprint:
 
     @property
     def on_gpu(self) -> bool:
-        from edgespec.onnx.providers import GPU_MEMORY
 
         return self.provider in GPU_MEMORY
 

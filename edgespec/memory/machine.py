@@ -3,8 +3,13 @@ of the installed llama.cpp build and its limits, and the default budgets derived
 from __future__ import annotations
 
 import os
+import platform
 import re
 from dataclasses import asdict, dataclass
+
+import psutil
+
+from edgespec.llama import backend
 
 MiB = 1 << 20
 BUDGET_MARGIN_FRACTION = 0.05
@@ -72,17 +77,11 @@ def _is_unified(gpus: list[dict], ram_total: int) -> bool:
             return True
     except OSError:
         pass
-    import platform
-
     return platform.system() == "Darwin" and platform.machine() == "arm64" and bool(gpus)
 
 
 def machine() -> MachineInfo:
     """Reads this machine: RAM (available, not free), cores, llama.cpp's devices and limits."""
-    import psutil
-
-    from edgespec.llama import backend
-
     vm = psutil.virtual_memory()
     info = backend.system_info()
     gpus = [d for d in info.get("devices", []) if d.get("type") in ("gpu", "igpu")]

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 
 from edgespec.errors import InvalidRequest
+from edgespec.llama.backend import ContextParams
 from edgespec.memory.machine import MachineInfo
 
 
@@ -76,6 +77,7 @@ class DraftShape:
         return DraftShape(self.draft_max if draft_max is None else draft_max, self.tree if tree is None else tree)
 
 
+DEFAULT_CTX = 4096  # tokens of context a load gets unless told (EngineConfig.n_ctx)
 MAX_DRAFT = 64  # the most tokens one step may draft (--draft-max)
 # Logits rows the target's context allows one decode: the largest verification, the pending token
 # and MAX_DRAFT drafted. llama.cpp reserves that many rows (512 unless told: 297 MiB for Qwen's
@@ -87,6 +89,16 @@ VERIFY_ROWS = MAX_DRAFT + 1
 
 CHAINS = DraftShape(32, False)
 TREES = DraftShape(63, True)  # the largest tree: 63 nodes, a 64-row verification
+
+
+def drafter_context_params(n_ctx: int, n_threads: int | None = None, on_gpu: bool = True) -> ContextParams:
+    """The drafter model's context, chains or trees (edgespec.drafters.model builds it, the
+    planner sizes it): a sequence per node a tree search holds and one for the context; a small
+    ubatch keeps the compute buffer (ubatch x vocabulary logits) small. A drafter wholly on the
+    CPU (``on_gpu`` False) of a GPU build never ships a batch to the GPU: at edgespec's op
+    offload threshold every tree round of 2+ nodes would copy its weights there."""
+    return ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=64, n_seq_max=TREES.draft_max + 1, n_threads=n_threads,
+                         op_offload=on_gpu)
 
 
 def draft_shape(name: str, draft_max: int | None, tree: bool | None, drafter_on_gpu: bool = False) -> DraftShape:

@@ -21,6 +21,7 @@ from pathlib import Path
 from edgespec.errors import InvalidRequest, StoreError
 from edgespec.files.gguf import GGUFFile, read_gguf, tokenizer_fingerprint
 from edgespec.files.store import ModelStore
+from edgespec.onnx.providers import BITS
 
 try:
     import fcntl
@@ -30,7 +31,6 @@ except ImportError:  # pragma: no cover - Windows: conversions are not serialize
 log = logging.getLogger(__name__)
 
 CONVERTER_VERSION = 1
-BITS = ("exact", "4")
 META = "edgespec.json"
 
 

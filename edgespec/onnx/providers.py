@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from edgespec.errors import UnknownProvider
+from edgespec.errors import InvalidRequest, UnknownProvider
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -17,6 +17,7 @@ PROVIDERS = {
     "coreml": "CoreMLExecutionProvider",
 }
 NAMES = tuple(PROVIDERS)
+BITS = ("exact", "4")  # the conversions: the GGUF's own blocks, or 4-bit
 # Providers whose weights and KV buffer live in a discrete GPU's memory, not in RAM.
 GPU_MEMORY = frozenset({"cuda", "tensorrt"})
 
@@ -26,6 +27,13 @@ def check_provider(name: str) -> str:
     if name not in PROVIDERS:
         raise UnknownProvider(f"--onnx-provider must be one of {', '.join(NAMES)}, not {name!r}")
     return name
+
+
+def check_options(provider: str, bits: str) -> None:
+    """Raises UnknownProvider / InvalidRequest for an unknown --onnx-provider / --onnx-bits."""
+    check_provider(provider)
+    if bits not in BITS:
+        raise InvalidRequest(f"--onnx-bits must be one of {', '.join(BITS)}, not {bits!r}")
 
 
 def short_name(full: str) -> str | None:

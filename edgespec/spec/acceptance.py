@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 from edgespec.decode.sampling import sample_from
 
 # A residual whose mass is below this fraction of its row is treated as empty. Reaching a

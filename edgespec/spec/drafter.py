@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """The speculative step: draft, verify the whole draft in one target pass, keep what agrees.
 
-Each step (vocabulary in edgespec.spec.tree) asks the drafter for a tree continuing the
+Each step (vocabulary in edgespec.decode.tree) asks the drafter for a tree continuing the
 context, verifies pending + tree in ONE target batch (KVSequence.verifying), applies the
 acceptance rule (edgespec.spec.acceptance: greedy, or exact rejection sampling) with target
 distributions computed by the same sampler as plain decoding, commits the accepted path and
@@ -15,11 +15,11 @@ import numpy as np
 
 from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, target_probs, top2_gap
 from edgespec.decode.sequence import KVSequence
-from edgespec.drafters.base import Drafter
+from edgespec.spec.drafter import Drafter
 from edgespec.spec.acceptance import Acceptance, accept_greedy, accept_stochastic
-from edgespec.spec.stats import SpecStats
-from edgespec.spec.tree import DraftTree
-from edgespec.spec.verify import fit_draft, is_chain, main_path
+from edgespec.decode.stats import SpecStats
+from edgespec.decode.tree import DraftTree
+from edgespec.decode.verify import fit_draft, is_chain, main_path
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.decode.sampling import logsumexp, top_ids
-from edgespec.spec.tree import DraftTree
+from edgespec.decode.tree import DraftTree
 
 Path = tuple[int, ...]  # tokens from the root's child down to a node
 BAND = float(np.log(0.01))  # a round expands nodes at most 100x less likely than its best one

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class PolicyMemory:
 
     def left_out(self, drafter: str) -> None:
         """Counts a request that left ``drafter`` out where no AutoDrafter of this placement
-        will: a planned load that dropped it and planned the target anew (edgespec.memory.budget)."""
+        will: a planned load that dropped it and planned the target anew (LeftOut)."""
         state = self.load()
         _sit_out(state, drafter, loaded=False)
         self._write(state)
@@ -124,3 +125,30 @@ class PolicyMemory:
             os.replace(tmp, self.path)
         except OSError as exc:  # a read-only store: the next run starts from priors
             log.warning("auto: could not keep what it learned (%s)", exc)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A planned load that placed the drafter model, then left it out because `auto`'s
+    calibration says it cannot pay there, and planned the target anew: the placement keys
+    (calibration_key) of both plans, so that the request counts as one the drafter sat out
+    (REPROBE_AFTER) under the key the decision read, which the AutoDrafter of the new load,
+    learning under its own key, cannot do."""
+
+    drafter_path: str
+    skipped_key: str
+    skipped_tree: bool
+    kept_key: str
+    kept_tree: bool
+
+    def record(self, home: Path) -> None:
+        """Counts the drafter (and its trees where they sat out) as left out under the skipped
+        plan's key, where that is not the key the new load learns under."""
+        memory = PolicyMemory(home, self.skipped_key)
+        name, _, trees_out = draft_shape_name(memory, self.drafter_path, self.skipped_tree)
+        new = PolicyMemory(home, self.kept_key)
+        new_name, _, new_out = draft_shape_name(new, self.drafter_path, self.kept_tree)
+        if (memory.path, name) != (new.path, new_name):
+            memory.left_out(name)
+        if trees_out is not None and (memory.path, trees_out) != (new.path, new_out):
+            memory.left_out(trees_out)
