@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgespec.bench.plot import plot_speedups
+from edgespec.bench.report import markdown as to_markdown
 from edgespec.bench.prompts import load_prompts, load_suite, select
 from edgespec.bench.peers import NATIVE_PLAIN
 from edgespec.bench.runner import TURNS, BenchSettings, run_bench
@@ -134,10 +136,6 @@ def _report(result, err: Console, repeat: int, json_out: Optional[Path], plot: O
     if plot:
         err.print(f"wrote {plot_speedups(summary, plot, title=title)}")
     if markdown:
-        import sys
-
-        from edgespec.bench.report import markdown as to_markdown
-
         command = "edgespec " + " ".join(sys.argv[1:])
         markdown.write_text(to_markdown(result.to_dict(), title, command))
         err.print(f"wrote {markdown}")

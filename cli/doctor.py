@@ -15,6 +15,10 @@ from edgespec.cli.common import print_json
 from edgespec.units import format_bytes as human_bytes
 from edgespec.files.store import ModelStore
 from edgespec.decode.tokens import HAVE_NATIVE
+from edgespec.onnx.providers import NAMES, present, short_name
+from edgespec.memory.machine import machine
+from edgespec.memory.placements import MODES, unavailable
+from edgespec.llama.kernels import cuda_graphs, op_offload_min_batch
 
 
 def _cpu_model() -> str:
@@ -30,8 +34,6 @@ def _cpu_model() -> str:
 
 def onnx_providers() -> dict:
     """onnxruntime's execution providers here and the --onnx-provider name each answers to."""
-    from edgespec.onnx.providers import NAMES, present, short_name
-
     have = present()
     if have is None:
         return {"onnxruntime": None, "providers": [], "usable": ["cpu"], "names": list(NAMES)}
@@ -45,9 +47,6 @@ def onnx_providers() -> dict:
 
 def placements_here() -> dict:
     """Each placement mode (edgespec.memory.placements) and whether this machine can run it."""
-    from edgespec.memory.machine import machine
-    from edgespec.memory.placements import MODES, unavailable
-
     why = unavailable(machine())
     return {name: {"available": name not in why, "what": p.help, **({"why_not": why[name]} if name in why else {})}
             for name, p in MODES.items()}
@@ -63,8 +62,6 @@ GRAPHS_SAY = {
 
 def collect() -> dict:
     """Everything doctor reports, as one JSON-ready dict."""
-    from edgespec.llama.kernels import cuda_graphs, op_offload_min_batch
-
     info = backend.system_info()
     vm = psutil.virtual_memory()
     store = ModelStore()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from typing import Any, Optional
+from dataclasses import asdict
 
 import typer
 from rich.console import Console
@@ -16,6 +17,9 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 
+from edgespec.files.clone import CloneShape, write_clone
+from edgespec.files.gguf import model_info
+from edgespec.onnx.convert import convert
 from edgespec.cli import app
 from edgespec.units import format_bytes
 from edgespec.files.store import ModelStore
@@ -131,8 +135,6 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Show what a GGUF model is: architecture, size, quantization, tokenizer."""
-    from edgespec.files.gguf import model_info  # only this verb needs the GGUF reader
-
     path = _store().resolve(model)
     data = dict(model_info(path).to_dict())
     data.setdefault("path", str(path))
@@ -198,10 +200,6 @@ def clone(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Write a shape clone: SRC's metadata, tokenizer, tensor names, shapes and types, random weights."""
-    from dataclasses import asdict
-
-    from edgespec.files.clone import CloneShape, write_clone  # only this verb writes clones
-
     result = write_clone(_store().resolve(src), out, CloneShape(layers, hidden, ffn, heads, kv_heads),
                          seed=seed, header_only=header_only)
     if as_json:
@@ -220,7 +218,5 @@ def convert_onnx(
     force: bool = typer.Option(False, "--force", help="Convert again even if a current conversion exists."),
 ) -> None:
     """Convert a GGUF drafter to an ONNX graph for onnxruntime, next to it in the store."""
-    from edgespec.onnx.convert import convert  # only this verb needs the onnx package
-
     path = convert(_store(), model, bits=bits, force=force)
     _out.print(f"onnx drafter of {model} ({bits}): {path}")

@@ -270,7 +270,7 @@ def test_short_real_run_json_schema(tmp_path, model_path):
 
 
 def test_shared_prefill_evaluates_each_prompt_once(model_path):
-    from edgespec.bench.runner import BenchSettings, validate_configs, run_bench
+    from edgespec.bench.runner import BenchSettings, run_bench
 
     model_path("smollm2-135m")
     prompts = select(load_suite("specbench"), 1)[:3]

@@ -85,8 +85,7 @@ def test_an_unknown_provider_is_one_line_before_anything_loads(verb, capsys):
 def test_the_engine_passes_the_options_to_the_drafter(monkeypatch):
     """EngineConfig -> DraftConfig -> the onnx builder's arguments, without loading anything."""
     from edgespec import drafters
-    from edgespec.drafters import onnx as onnx_drafter
-    from edgespec.engine import Engine
+    from edgespec.drafters import factory
 
     class Built(Exception):
         pass
@@ -97,7 +96,7 @@ def test_the_engine_passes_the_options_to_the_drafter(monkeypatch):
         seen.update(kw)
         raise Built
 
-    monkeypatch.setattr(onnx_drafter, "make_onnx_drafter", fake)
+    monkeypatch.setattr(factory, "make_onnx_drafter", fake)
     config = EngineConfig(draft="onnx", onnx_provider="openvino", onnx_bits="4")
     plan = LoadPlan(config, Path("target.gguf"), ModelParams(), ContextParams(n_ctx=512), CHAINS, "onnx", None)
     ctx = type("Ctx", (), {"n_ctx": 512, "model": None})()

@@ -27,7 +27,6 @@ import numpy as np
 
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
-from edgespec.decode.sequence import run_beside
 from edgespec.engine import Engine, EngineConfig
 from edgespec.decode.tree import DraftTree
 

@@ -65,6 +65,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -74,7 +75,7 @@ from pathlib import Path
 from edgespec.errors import EdgespecError, InvalidRequest
 from edgespec.files.modelfile import model_file
 from edgespec.files.store import default_home
-from edgespec.llama import OP_OFFLOAD_SET_BY_EDGESPEC
+from edgespec.llama import OP_OFFLOAD_SET_BY_EDGESPEC, pld
 from edgespec.llama.invariant import TILED_MM_ENV
 from edgespec.llama.kernels import OP_OFFLOAD_ENV
 
@@ -381,8 +382,6 @@ def parse_run(stderr: str, stdout: str, prompt_shown: str, max_tokens: int) -> P
 # -- the registry -----------------------------------------------------------------------------
 def _run_pld(prompt_text: str, *, target_path, draft_path=None, max_tokens: int, threads: int,
              ctx: int, timeout: float | None = None, flash_attn: bool = True) -> PeerResult:
-    from edgespec.llama import pld  # imports llama_cpp; only this peer needs it
-
     d = pld.prompt_lookup_generate(str(target_path), prompt_text, max_tokens, threads, ctx,
                                        num_pred_tokens=PLD_NUM_PRED_TOKENS, flash_attn=flash_attn)
     raw = dict(d, num_pred_tokens=PLD_NUM_PRED_TOKENS)
@@ -432,8 +431,6 @@ def run(peer_name: str, prompt_text: str, *, target_path, draft_path=None, max_t
 
 def close() -> None:
     """Frees what the in-process peer keeps loaded (no-op if it never ran)."""
-    import sys
-
     pld = sys.modules.get("edgespec.llama.pld")  # loaded only if the peer ran
     if pld is not None:
         pld.close_peer_models()

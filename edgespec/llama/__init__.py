@@ -1,18 +1,12 @@
 """The only package that imports llama_cpp: models, contexts, the memory probe and the in-process peer.
 
-llama_cpp is imported here, first: on the GPU machine (run.sh's CUDA build, numpy 2.x wheels
-bundling libgfortran/libquadmath/OpenBLAS) every model load died of SIGSEGV in llama.cpp's
-print_info when numpy had been loaded before llama.cpp's libraries, and never the other way round
-(benchmarks/device/diag.py; RESULTS-gpu.md). ``import edgespec`` comes here before anything else.
-
-One library goes before it: onnxruntime, where llama.cpp is a CUDA build. On that machine, with
-llama-cpp-python built by `make GPU=cuda`, importing onnxruntime after libggml-cuda was loaded
-died in onnxruntime's module initialisation (SIGSEGV; "free(): invalid pointer" with libggml-cuda
-alone preloaded), so `edgespec doctor` and `--draft onnx` crashed. onnxruntime (and the numpy it
-imports) first, then a GPU model load, doctor, the CLI and three GPU tests passed on that build:
-numpy first did not crash there (benchmarks/device/imports.py, RESULTS-gpu.md section 19), nor
-on run.sh's own build, where the 36 GPU tests passed this way (section 20). A CPU
-build keeps onnxruntime's import (~50 ms, ~20 MiB) for when an ONNX drafter is used.
+The import order of native libraries is fixed here, because ``import edgespec`` comes here first:
+- llama.cpp's libraries before numpy's: with numpy 2.x wheels (bundling OpenBLAS and its runtime)
+  loaded first, every model load of a CUDA build died of SIGSEGV in llama.cpp's print_info
+  (benchmarks/device/diag.py).
+- onnxruntime before both on a CUDA build: imported after libggml-cuda it died in its module
+  initialisation (benchmarks/device/imports.py). A CPU build keeps onnxruntime's import
+  (~50 ms, ~20 MiB) for when an ONNX drafter is used.
 """
 import importlib.util
 import logging

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import llama_cpp as lc  # isort: skip  (before numpy: see edgespec/llama/__init__.py)
 import numpy as np
+import psutil
+from llama_cpp import _ggml
 
 from edgespec.files.modelfile import model_file
 from edgespec.llama.kernels import KV_CACHE_TYPES
@@ -60,8 +62,6 @@ def ensure_initialized() -> None:
 
 def default_threads() -> int:
     """Physical cores: hyper-threads slow matrix-vector decoding down rather than up."""
-    import psutil
-
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
@@ -81,8 +81,6 @@ def system_info() -> dict:
 
 def _ggml_device_api():
     """ctypes signatures of ggml's device registry (llama-cpp-python does not bind them)."""
-    from llama_cpp import _ggml
-
     lib = _ggml.libggml
     sig = {
         "ggml_backend_dev_count": ([], ctypes.c_size_t),

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 # there (op offload). llama.cpp reads the variable once, when its CUDA backend registers; its own
 # default is 32. edgespec sets 2 (unless the user set it), for a split target whose CPU weights
 # the planner pins in host memory: from there the copy costs about one token on the CPU, so a
-# 2-token verification costs 0.7x and an 8- to 31-token one a quarter of what the CPU charges
-# (benchmarks/RESULTS-gpu.md section 16). One token stays on the CPU: over a slower link than
+# 2-token verification costs 0.7x and an 8- to 31-token one a quarter of what the CPU charges.
+# One token stays on the CPU: over a slower link than
 # that machine's PCIe 5 a copy per token would slow plain decoding.
 OP_OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
 LLAMA_CPP_OP_OFFLOAD_MIN_BATCH = 32
@@ -40,7 +40,7 @@ def op_offload_min_batch() -> int:
 # (native/llama_cpp_patches.py, applied by `make demo GPU=cuda`): CUDA graphs kept per batch
 # shape. A stock build keeps one per context, and a decode whose batch size differs from the two
 # before it runs without it: +0.76 ms on a 3.8 ms step of a 7B on an H100, +0.47 ms per change
-# of size with the patch (benchmarks/RESULTS-gpu.md sections 17-18).
+# of size with the patch.
 GRAPHS_PER_SHAPE = "GRAPHS_PER_SHAPE"
 
 

@@ -22,6 +22,7 @@ import threading
 import time
 
 import llama_cpp as lc
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from edgespec.errors import InvalidRequest
 from edgespec.files.modelfile import model_file
@@ -34,8 +35,6 @@ _peer_lock = threading.Lock()
 
 
 def _peer_llama(model_path: str, n_threads: int, n_ctx: int, num_pred_tokens: int, flash_attn: bool):
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
     key = (os.path.abspath(model_path), int(n_threads), int(n_ctx), int(num_pred_tokens), flash_attn)
     with _peer_lock:
         llm = _peer_llamas.get(key)

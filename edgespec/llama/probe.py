@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Sequence
 
 import llama_cpp as lc
@@ -60,8 +61,6 @@ def reported_buffers(lines: Sequence[str]) -> dict[str, int]:
     llama.cpp.
     """
     global _BUFFER_LINE
-    import re
-
     if _BUFFER_LINE is None:
         _BUFFER_LINE = re.compile(r"(\S+)\s+(\w+) buffer size =\s*([0-9.]+) MiB")
     out: dict[str, int] = {}

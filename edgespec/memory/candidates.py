@@ -254,7 +254,7 @@ class Evaluator:
         # Device memory is allocated, not touched page by page: with the output head on the GPU
         # the compute buffer holds llama.cpp's whole reservation (H100, llama.cpp's default of 512
         # logits rows: 314 MiB for the 1.5B all on the GPU, 151 MiB split at n_ubatch 256; H200,
-        # the engine's 65: 101 MiB; RESULTS-gpu.md section 21).
+        # the engine's 65: 101 MiB).
         compute = max(compute, cf.compute_reserved)
         return weights + kv + compute + (GPU_RUNTIME_BYTES if runtime else 0)
 
@@ -318,7 +318,7 @@ class Evaluator:
         """The CPU compute buffer of a model with k layers on the GPU. llama.cpp gives it the
         GPU's host buffer type when the model has a GPU device, even with no layer there; on
         CUDA that memory is pinned, so all of the reservation is resident, where a CPU build
-        faults in only what the engine touches (RESULTS-gpu.md section 20)."""
+        faults in only what the engine touches."""
         pinned = k == 0 and placements.cuda_pins(self.m)
         if pinned:
             compute = cf.compute_reserved

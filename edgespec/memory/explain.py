@@ -148,7 +148,7 @@ def _load(c: _Context) -> Decision:
             why = f"forced: note that mmap + repacking keeps both copies resident (+{fmt_bytes(e.repack_bytes)})"
         elif pinned:
             why = ("forced: note that op offload then copies the CPU layers' weights from mapped pages, "
-                   "about 5x slower than from pinned memory (benchmarks/RESULTS-gpu.md section 16)")
+                   "about 5x slower than from pinned memory")
             c.warnings.append(f"the split target's CPU weights are mapped (forced): every verification of "
                               f"{op_offload_min_batch()}+ tokens copies them to the GPU from pageable memory")
         return Decision("load", "mmap", why)
@@ -156,7 +156,7 @@ def _load(c: _Context) -> Decision:
         return Decision("load", "pinned host buffers (no mmap)",
                         f"op offload copies the CPU-resident weights to the GPU for every batch of "
                         f"{op_offload_min_batch()}+ tokens, by DMA from pinned memory instead of through the "
-                        "driver's staging of mapped pages (benchmarks/RESULTS-gpu.md section 16)")
+                        "driver's staging of mapped pages")
     if not c.m.mmap_supported:
         return Decision("load", "full load", "this llama.cpp build cannot mmap")
     if e.repack_active:
@@ -296,7 +296,7 @@ def _drafts(c: _Context, choice: ShapeChoice) -> Decision:
         asked = [] if choice.auto else asked
     else:
         why = ("it drafts chains ahead during verification" if mode.overlap else
-               "the target verifies on the CPU, where 64 rows cost ~20 one-row steps (benchmarks/RESULTS.md)")
+               "the target verifies on the CPU, where 64 rows cost ~20 one-row steps")
     return Decision("drafts", value, why + (f" ({' and '.join(asked)} as given)" if asked else ""))
 
 

@@ -10,8 +10,7 @@ each mode declares where its parts go and what llama.cpp must be told for that:
   copy CPU-resident weights to the GPU and multiply there) is what makes large drafts cheap
   for a partly offloaded target, and what a target verified on the CPU must not do.
 
-Measured on an H100 machine with 8 CPU threads (benchmarks/RESULTS-gpu.md sections 1 and 16,
-7B-shaped clone): with its CPU layers pinned in host memory, a split target verifies 2 to 128
+Measured on an H100 machine with 8 CPU threads (7B-shaped clone): with its CPU layers pinned in host memory, a split target verifies 2 to 128
 tokens for about what one token costs, while the same target wholly on the CPU pays 458 ms for
 16 tokens and 1333 ms for 64 against 131 ms for one.
 """
@@ -41,11 +40,9 @@ class PlacementMode:
     def long_drafts(self, drafter_on_gpu: bool) -> bool:
         """Whether `auto` drafts TREES here by default: where the target verifies through the
         GPU (64 rows cost a GPU-resident or op-offloaded target about what 32 do) or a drafter
-        on the GPU searches a 63-node tree in a fraction of a target step. Replayed on 16
-        held-out code edits (7B shape, H100 curves, benchmarks/RESULTS-gpu.md section 12),
-        `auto` with TREES against CHAINS: `gpu` 5.29x / 4.79x, `offload` 5.15x / 4.43x,
-        `draft-gpu` 4.12x / 4.00x; the same trees with drafts capped at 32 gain nothing
-        (4.79x, 4.03x, 3.89x). `overlap` drafts chains ahead."""
+        on the GPU searches a 63-node tree in a fraction of a target step (a replay of 16
+        held-out code edits on 7B-shaped H100 curves put TREES 3-16% above CHAINS in each of
+        these placements). `overlap` drafts chains ahead."""
         return not self.overlap and (self.target != "cpu" or drafter_on_gpu)
 
 
@@ -155,8 +152,7 @@ def pins_split_target(n_gpu_layers: int, n_layer: int, m: MachineInfo) -> bool:
     """Whether a target with ``n_gpu_layers`` GPU layers and blocks left on the CPU reads them
     into pinned host buffers instead of mapping them: op offload copies every CPU-resident
     weight to the GPU for a multi-token batch, by DMA from pinned memory instead of through the
-    driver's staging of mapped pages, 5x faster on an H100 (benchmarks/RESULTS-gpu.md section
-    16). CUDA only (the one backend measured), and not where CUDA is told not to pin
+    driver's staging of mapped pages, 5x faster on an H100. CUDA only (the one backend measured), and not where CUDA is told not to pin
     (GGML_CUDA_NO_PINNED) or on unified memory (an integrated GPU reads host memory in place)."""
     return cuda_pins(m) and not m.unified_memory and 0 < n_gpu_layers <= n_layer
 

@@ -33,7 +33,7 @@ BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64)
 # (llama.cpp runs the first kernel by kernel and captures on the second, on a stock build and on
 # edgespec's per-shape one alike). A stock build's verification pays that whenever its size
 # differs from the last two decodes'; with a graph per shape a change costs less (7B on an H100:
-# 0.47 against 0.76 ms), so there verification is priced a little high (RESULTS-gpu.md 17-18).
+# 0.47 against 0.76 ms), so there verification is priced a little high.
 REPEATS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
@@ -118,7 +118,7 @@ def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...
 def measure_draft_token(ctx: LlamaContext) -> float:
     """Seconds per drafted token of a model drafter: a one-token decode and the greedy pick of
     its row (sampling.greedy_logprob), as a greedy chain pays them. The pick is a sixth of the
-    0.5B's token on a GPU (0.21 against 1.26 ms; RESULTS-gpu.md section 20). A sampled chain's
+    0.5B's token on a GPU (0.21 against 1.26 ms). A sampled chain's
     pick (sampling.target_support and a draw) costs about as much: 0.28 against 0.25 ms on the
     real 0.5B's rows on the dev VM."""
     token = ctx.model.tokenize(" the", add_special=False)[0]

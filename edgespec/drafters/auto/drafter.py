@@ -45,6 +45,7 @@ from edgespec.drafters.auto.policy import (ChainStop, ConfidenceCalibration, Cos
                                            RatioEstimate, TreeDepthCalibration, best_chain_length, best_tree_prefix,
                                            drafter_gain)
 from edgespec.decode.tree import DraftTree
+from edgespec.drafters.auto.memory import CARRY_WEIGHT, saved_gain
 
 NAME = "auto"
 MATCH_CLASSES = (1, 4, 12)  # lower bounds of the match-length classes
@@ -174,16 +175,12 @@ class AutoDrafter:
             self.memory.save(suffix, self.model_name, model, confidence, gain, sits_out=self.sits_out)
 
     def _restore(self, state: dict) -> None:
-        from edgespec.drafters.auto.memory import CARRY_WEIGHT
-
         for c, saved in state.get("suffix", {}).items():
             if c.isdigit() and int(c) in self.suffix_calibration:
                 self.suffix_calibration[int(c)].restore(saved, CARRY_WEIGHT)
         self._restore_model(state)
 
     def _restore_model(self, state: dict) -> None:
-        from edgespec.drafters.auto.memory import CARRY_WEIGHT, saved_gain
-
         saved = state.get("drafters", {}).get(self.model_name)
         if self.model is not None and saved:
             self.model_acceptance.restore(saved, CARRY_WEIGHT)

@@ -24,7 +24,7 @@ CARRY_WEIGHT = 6.0
 # if its measured loss was within the noise of a count of its tokens (1/sqrt(den)): otherwise
 # one unlucky first answer decides for good. Beside the 9-layer offloaded 7B, a first
 # Spec-Bench answer whose three 63-node trees missed measured 76/77 and kept trees out of the
-# next 29 questions (replayed, benchmarks/RESULTS-gpu.md section 12).
+# next 29 questions (replayed).
 REPROBE_AFTER = 8
 
 
@@ -41,8 +41,7 @@ def draft_shape_name(memory: PolicyMemory | None, drafter_path, tree: bool) -> t
     measured a loss here; then chains, under the chain name, and the trees count a request left
     out (REPROBE_AFTER). A tree step's loss says nothing of a chain's: replayed on the Spec-Bench
     tuning questions beside the 4-layer offloaded 7B (one of three H100 curves of it), leaving the
-    whole drafter out gave 1.30x against chains' 1.54x, drafting chains instead 1.52x
-    (benchmarks/RESULTS-gpu.md section 13)."""
+    whole drafter out gave 1.30x against chains' 1.54x, drafting chains instead 1.52x."""
     chains = drafter_key(drafter_path)
     if not tree:
         return chains, False, None

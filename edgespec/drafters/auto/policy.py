@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.spec.tree_search import accepted_by, accepted_path
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -375,8 +377,6 @@ class TreeSizes:
         """What ``tree`` (best first, a DraftTree or None) and each smaller size accepted of ``emitted``."""
         if tree is None or len(tree) < self.sizes[0]:
             return
-        from edgespec.spec.tree_search import accepted_by, accepted_path
-
         accepted = accepted_by(accepted_path(tree, emitted), [b for b in self.sizes if b <= len(tree)])
         base = float(accepted.pop(self.sizes[0]))
         self._evidence = True
