@@ -169,6 +169,10 @@ class Candidate:
     suffix_cap: int       # 0: no suffix drafter
     placement: str = "cpu"  # edgespec.memory.placements mode
 
+    @property
+    def mode(self) -> placements.PlacementMode:
+        return placements.MODES[self.placement]
+
 
 @dataclass
 class Evaluation:
@@ -225,7 +229,7 @@ class Evaluator:
         """The attention kernel the engine will build for this candidate (asked, not copied)."""
         if self.force_flash_attn is not None:
             return self.force_flash_attn
-        on_gpu = cfg.resident and placements.MODES[cfg.placement].target != "cpu"
+        on_gpu = cfg.resident and cfg.mode.target != "cpu"
         return resolved_flash_attn(default_flash_attn(on_gpu, cfg.kv_type))
 
     def _target_ctx(self, cfg: Candidate) -> ContextFootprint:
@@ -337,7 +341,7 @@ class Evaluator:
         """Target layers on the GPU for the candidate's placement (0: none fits a split target).
         A split target gets as many as the VRAM left by the drafter holds (head first, then the
         last blocks, as llama.cpp assigns them), and keeps at least one block on the CPU."""
-        mode = placements.MODES[cfg.placement]
+        mode = cfg.mode
         if mode.target == "cpu" or not cfg.resident:
             return 0
         if mode.target == "gpu":
@@ -391,7 +395,7 @@ class Evaluator:
         if self.m.unified_memory:
             ram += vram  # one pool: GPU allocations come out of the same RAM
         fits = ram <= self.ram_budget and vram <= max(self.vram_budget, 0)
-        if placements.MODES[cfg.placement].target == "split" and ngl == 0:
+        if cfg.mode.target == "split" and ngl == 0:
             fits = False  # not one layer fits beside the drafter: that is draft-gpu or cpu
         penalty = self._penalty(cfg, ngl)
         return Evaluation(cfg, fits, ram, vram, penalty, parts, ngl, dngl, use_mmap, d_mmap, d_repack, rp_on, tc, dc,
@@ -425,7 +429,7 @@ def layouts(pl: Evaluator, forced: str | None, cpu_target: bool = False) -> list
                                      and not (cpu_target and p.target != "cpu")]
     out = []
     for name in names:
-        mode = placements.MODES[name]
+        mode = placements.mode(name)
         if pl.d is not None:
             out.append((name, mode.drafter))
         if mode.target != "cpu" or mode.drafter != "gpu" or forced:

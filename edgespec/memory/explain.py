@@ -83,7 +83,7 @@ def _budgets(c: _Context, ram_given: bool, vram_given: bool) -> list[Decision]:
 
 def _placement(c: _Context, forced: str | None) -> Decision:
     cfg, e = c.e.cfg, c.e
-    mode = placements.MODES[cfg.placement]
+    mode = cfg.mode
     if forced:
         return Decision("placement", cfg.placement, f"forced (--placement): {mode.help}")
     if not c.pl.gpu:
@@ -283,7 +283,7 @@ def _drafts(c: _Context, choice: ShapeChoice) -> Decision:
     """The draft shape: the placement's default, as given, or why the longer one was not taken."""
     shape, cfg, rejected = choice.shape, c.e.cfg, choice.rejected
     value = f"up to {shape.draft_max} tokens" + (", trees (greedy)" if shape.tree else "")
-    mode = placements.MODES[cfg.placement]
+    mode = cfg.mode
     asked = [n for n, v in zip(("--draft-max", "--draft-tree"), choice.asked) if v is not None]
     if rejected is not None:
         why = (f"{rejected.draft_max}-token drafts" + (" and trees" if rejected.tree else "")

@@ -95,7 +95,7 @@ def _best(pl: Evaluator, evals: list[Evaluation], target: ModelFootprint, drafte
     """The fitting candidate of least penalty (then least RAM); BudgetExceeded, with the smallest
     RAM budget any plan at this context fits in, when none fits."""
     fitting = [e for e in evals if e.fits]
-    if not fitting and where is not None and placements.MODES[where].needs_gpu:
+    if not fitting and where is not None and placements.mode(where).needs_gpu:
         _refuse_vram(pl, evals, target, where)
     if not fitting:
         msg, smallest = _refusal(pl, evals, target, drafter, n_ctx, ctx_options(n_ctx, target.n_ctx_train),
@@ -208,7 +208,7 @@ def _refuse_vram(pl: Evaluator, evals: list[Evaluation], target: ModelFootprint,
     if not in_ram:
         return  # the RAM refusal says more
     low = min(in_ram, key=lambda e: e.vram)
-    need = "not one target layer beside the drafter" if placements.MODES[placement].target == "split" \
+    need = "not one target layer beside the drafter" if placements.mode(placement).target == "split" \
         and low.ngl == 0 else f"{fmt_bytes(low.vram)} of VRAM"
     others = [n for n in placements.NAMES if n != placement]
     raise BudgetExceeded(f"placement {placement} does not fit the {fmt_bytes(pl.vram_budget)} VRAM budget "
