@@ -422,3 +422,116 @@ if __name__ == "__main__":  # to look at the files: python tests/gguf_corpus.py 
     print(f"{'valid':32} {write_valid(out_dir / 'valid.gguf')}")
     for case, (p, problem) in build_corpus(out_dir).items():
         print(f"{case:32} {p}  expects: {problem}")
+
+
+# ---- hyperparameters llama.cpp aborts on ----------------------------------------------------
+# Well-formed files whose hyperparameters break a GGML_ASSERT of llama.cpp's load_hparams or of
+# an architecture's graph: llama.cpp would abort the process (exit 134) instead of failing the load.
+
+
+def _as_arch(arch: str) -> Callable[[Spec], None]:
+    """Rename the valid model's `llama.*` keys to another architecture's."""
+    def edit(spec: Spec) -> None:
+        for i, kv in enumerate(spec.kvs):
+            if kv.key == "general.architecture":
+                spec.kvs[i] = replace(kv, value=arch)
+            elif isinstance(kv.key, str) and kv.key.startswith("llama."):
+                spec.kvs[i] = replace(kv, key=arch + kv.key[len("llama"):])
+    return edit
+
+
+def _hparams(*edits: Callable[[Spec], None], **values: Any) -> Callable[[], bytes]:
+    """The valid model after ``edits``, with `{arch}.<key>` set (added if absent) per ``values``:
+    an int is written as uint32 (what llama.cpp reads), a str as a string, a list as a uint32 array."""
+    def make() -> bytes:
+        spec = valid_spec()
+        for edit in edits:
+            edit(spec)
+        arch = _kv(spec, "general.architecture").value
+        for suffix, v in values.items():
+            key = f"{arch}.{suffix.replace('__', '.')}"
+            new = (KV(key, STRING, v) if isinstance(v, str) else
+                   KV(key, ARRAY, (U32, v)) if isinstance(v, list) else KV(key, U32, v))
+            spec.kvs = [kv for kv in spec.kvs if kv.key != key] + [new]
+        return serialize(spec)[0]
+    return make
+
+
+#: name -> (bytes maker, text the refusal must contain); the valid model has 1 layer,
+#: embedding_length 32, 4 heads and 2 KV heads.
+HPARAM_MUTATIONS: dict[str, tuple[Callable[[], bytes], str]] = {
+    "block_count_0": (_hparams(block_count=0), "llama.block_count is 0"),
+    "block_count_513": (_hparams(block_count=513), "llama.block_count is 513"),
+    "block_count_u32_max": (_hparams(block_count=2**32 - 1), f"llama.block_count is {2**32 - 1}"),
+    "nextn_over_layers": (_hparams(nextn_predict_layers=2), "llama.nextn_predict_layers is 2"),
+    "expert_count_1000_none_used": (_hparams(expert_count=1000), "llama.expert_used_count is 0"),
+    "expert_count_1025": (_hparams(expert_count=1025, expert_used_count=2),
+                          "llama.expert_count is 1025"),
+    "expert_used_over_count": (_hparams(expert_count=8, expert_used_count=9),
+                               "llama.expert_used_count is 9"),
+    "expert_used_array_over_count": (_hparams(expert_count=8, expert_used_count=[9]),
+                                     "llama.expert_used_count is 9"),
+    "expert_used_without_experts": (_hparams(expert_used_count=2),
+                                    "llama.expert_used_count is 2"),
+    "expert_groups_without_experts": (_hparams(expert_group_count=2),
+                                      "llama.expert_group_count is 2"),
+    "expert_groups_not_dividing": (_hparams(expert_count=8, expert_used_count=2,
+                                            expert_group_count=3),
+                                   "llama.expert_group_count is 3"),
+    "expert_groups_all_experts": (_hparams(expert_count=8, expert_used_count=2,
+                                           expert_group_count=8),
+                                  "llama.expert_group_count is 8"),
+    "expert_group_used_0": (_hparams(expert_count=8, expert_used_count=2, expert_group_count=2,
+                                     expert_group_used_count=0),
+                            "llama.expert_group_used_count is 0"),
+    "rope_scaling_unknown": (_hparams(rope__scaling__type="bogus"),
+                             "llama.rope.scaling.type is 'bogus'"),
+    "head_array_too_long": (_hparams(attention__head_count=[4] * 513),
+                            "llama.attention.head_count is an array of 513 values"),
+    "head_count_0": (_hparams(attention__head_count=0), "llama.attention.head_count is 0"),
+    "head_count_kv_0": (_hparams(attention__head_count_kv=0),
+                        "llama.attention.head_count_kv is 0"),
+    "head_count_kv_not_dividing": (_hparams(attention__head_count_kv=3),
+                                   "llama.attention.head_count_kv is 3"),
+    "value_length_not_key_length": (_hparams(attention__key_length=8,
+                                             attention__value_length=16),
+                                    "llama.attention.value_length is 16"),
+    "rope_dims_not_head_size": (_hparams(rope__dimension_count=4),
+                                "llama.rope.dimension_count is 4"),
+    "qwen2_embedding_not_heads": (_hparams(_as_arch("qwen2"), embedding_length=30),
+                                  "qwen2.embedding_length is 30"),
+    "qwen2_block_count_0": (_hparams(_as_arch("qwen2"), block_count=0),
+                            "qwen2.block_count is 0"),
+    "gemma3_head_count_0": (_hparams(_as_arch("gemma3"), attention__head_count=0),
+                            "gemma3.attention.head_count is 0"),
+    "vocoder_posnet_over_layers": (_hparams(_as_arch("wavtokenizer-dec"), posnet__block_count=2),
+                                   "wavtokenizer-dec.posnet.block_count is 2"),
+    "unknown_arch_block_count_0": (_hparams(_as_arch("someday-arch"), block_count=0),
+                                   "someday-arch.block_count is 0"),
+}
+
+#: Variants near the bounds that llama.cpp loads: the checks must accept them.
+HPARAM_ACCEPTED: dict[str, Callable[[], bytes]] = {
+    "block_count_512": _hparams(block_count=512),
+    "moe_8_experts_2_used": _hparams(expert_count=8, expert_used_count=2),
+    "moe_1024_experts_grouped": _hparams(expert_count=1024, expert_used_count=[8],
+                                         expert_group_count=8, expert_group_used_count=4),
+    "rope_scaling_yarn": _hparams(rope__scaling__type="yarn"),
+    "head_count_per_layer": _hparams(attention__head_count=[4], attention__head_count_kv=[1]),
+    "gemma3_wide_heads": _hparams(_as_arch("gemma3"), attention__key_length=256,
+                                  attention__value_length=256),
+    # hunyuan-dense treats a single expert as none (llama-model.cpp:1337)
+    "hunyuan_one_expert": _hparams(_as_arch("hunyuan-dense"), expert_count=1, expert_used_count=2),
+}
+
+
+def build_hparam_corpus(dirpath: str | os.PathLike) -> dict[str, tuple[Path, str]]:
+    """Write every HPARAM_MUTATIONS file into ``dirpath``; return name -> (path, expected text)."""
+    root = Path(dirpath)
+    root.mkdir(parents=True, exist_ok=True)
+    corpus = {}
+    for name, (make, expected) in HPARAM_MUTATIONS.items():
+        path = root / f"{name}.gguf"
+        path.write_bytes(make())
+        corpus[name] = (path, expected)
+    return corpus

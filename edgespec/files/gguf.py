@@ -6,7 +6,10 @@ the header here, in bounded Python: every count and length is checked against th
 the file *before* anything is allocated or looped over, so a bad file costs a few microseconds
 and a few kilobytes, and ends in one :class:`~edgespec.errors.InvalidGGUF` whose message names
 the file and the exact problem.  The bounded reads live in :mod:`edgespec.files.gguf_reader`,
-the checks of the file's layout in :mod:`edgespec.files.gguf_structure`.
+the checks of the file's layout in :mod:`edgespec.files.gguf_structure`, the hyperparameter
+bounds llama.cpp asserts on (layer, expert and head counts) in :mod:`edgespec.files.gguf_hparams`.
+Every path to llama.cpp (run, --draft-model, serve, plan, models info, import) reads the file
+through :func:`read_gguf`, so the checks cannot be skipped.
 
 :func:`model_info` summarises a validated file (architecture, size, quantisation, tokenizer),
 and :func:`tokenizer_fingerprint` gives a short hash that is equal for two models exactly when
@@ -22,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from edgespec.errors import InvalidGGUF
+from edgespec.files.gguf_hparams import check_hparams
 from edgespec.files.gguf_reader import Reader, mapped
 from edgespec.files.gguf_structure import (
     GGML_TYPES,
@@ -96,6 +100,7 @@ def _parse(r: Reader) -> GGUFFile:
         r.fail(f"data section starts at offset {data_offset}, past the end of the file "
                f"({r.size} bytes)")
     tensors = place_tensors(r, raw, data_offset, alignment)
+    check_hparams(r.path, metadata)
     return GGUFFile(r.path, version, alignment, data_offset, r.size, metadata, tensors)
 
 
@@ -103,7 +108,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Parse and validate the header of the GGUF file at ``path``.
 
     Raises InvalidGGUF(path, problem) for anything wrong, including a missing or unreadable
-    path or a directory.  The tensor data is not read, only checked to lie within the file.
+    path or a directory, and hyperparameters llama.cpp would abort the process on.  The tensor data is not read, only checked to lie within the file.
     """
     path = os.fspath(path)
     with mapped(path) as r:
@@ -142,6 +147,7 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
         spans: dict[str, tuple[int, int]] = {}
         version, metadata, alignment, raw, data_offset = parse_infos(r, spans)
         check_packed(r, raw, alignment)
+        check_hparams(r.path, metadata)
         raw_kv = {k: r.buf[a:b] for k, (a, b) in spans.items()}
     tensors = tuple(TensorInfo(t.name, t.shape, t.ggml_type, GGML_TYPES[t.ggml_type][0],
                                data_offset + t.rel_offset, t.nbytes) for t in raw)
