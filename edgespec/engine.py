@@ -118,12 +118,14 @@ class Engine:
 
     # -- prompts ------------------------------------------------------------------------------
     def chat_tokens(self, messages: Sequence[Message | dict]) -> list[int]:
-        """Renders messages with the model's template and tokenizes the result."""
-        text = self.template.render(messages, add_generation_prompt=True)
-        bos_text = self._special_text(self.model.bos)
+        """Renders messages with the model's template and tokenizes the result: control tokens
+        are parsed in the template's text only, never in a message's content.
+
+        Raises:
+            InvalidRequest: see ``ChatTemplate.tokens``.
+        """
         # Templates that write the BOS themselves must not get a second one from the tokenizer.
-        add_special = not (bos_text and text.startswith(bos_text))
-        return self.model.tokenize(text, add_special=add_special, parse_special=True)
+        return self.template.tokens(messages, self.model, bos_text=self._special_text(self.model.bos))
 
     def text_tokens(self, prompt: str) -> list[int]:
         """Tokenizes a raw prompt (no template), with the model's BOS if it wants one."""
