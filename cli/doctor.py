@@ -6,6 +6,7 @@ import platform
 import psutil
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edgespec import __version__
@@ -125,5 +126,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     t.add_row("model store", d["store"]["home"])
     for m in d["store"]["models"]:
         state = "present" if m.get("present") else "not pulled"
-        t.add_row(f"  {m.get('name')}", f"{state}, {human_bytes(m.get('size') or 0)}")
+        if m.get("problem"):
+            state = f"[red]CORRUPT[/red]: {escape(m['problem'])}"
+        t.add_row(f"  {m.get('name')}", f"{human_bytes(m.get('size') or 0)}, {state}")
     out.print(t)

