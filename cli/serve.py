@@ -37,8 +37,29 @@ def _listen(srv, host: str, port: int):
         raise click_exc.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _api_key(ctx: typer.Context, key: str | None, path: str | None) -> str | None:
+    """The key from --api-key, EDGESPEC_API_KEY or the first line of --api-key-file (only one);
+    a file that is missing, unreadable or empty is a one-line usage error."""
+    if path is None:
+        return key or None
+    if key:
+        source = ctx.get_parameter_source("api_key")
+        given = "EDGESPEC_API_KEY" if source is not None and source.name == "ENVIRONMENT" else "--api-key"
+        raise click_exc.UsageError(f"{given} and --api-key-file both give a key: use one")
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise typer.BadParameter(f"cannot read {path}: {reason}", param_hint="--api-key-file") from None
+    if not first:
+        raise typer.BadParameter(f"{path}: the first line is empty", param_hint="--api-key-file")
+    return first
+
+
 @app.command()
 def serve(
+    cli_ctx: typer.Context,
     model: str = c.MODEL,
     draft: str = c.DRAFT,
     draft_max: Optional[int] = c.DRAFT_MAX,
@@ -52,7 +73,12 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", "-p", min=0, max=65535, help="TCP port (0: any free port)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="EDGESPEC_API_KEY",
-                                          help="Require 'Authorization: Bearer KEY' on /v1/*."),
+                                          help="Require 'Authorization: Bearer KEY' on /v1/*. Visible in "
+                                               "ps: prefer EDGESPEC_API_KEY or --api-key-file."),
+    api_key_file: Optional[str] = typer.Option(None, "--api-key-file", metavar="PATH",
+                                               help="Read the API key from the first line of PATH."),
+    body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1, metavar="SECONDS",
+                                       help="A request body must arrive within this; slower uploads get 408."),
     ram_budget: Optional[str] = c.RAM_BUDGET,
     vram_budget: Optional[str] = c.VRAM_BUDGET,
     placement: Optional[str] = c.PLACEMENT,
@@ -65,6 +91,7 @@ def serve(
 ) -> None:
     """Serve MODEL over HTTP: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics."""
     srv = _server()
+    api_key = _api_key(cli_ctx, api_key, api_key_file)
     # Bad options, a missing model, an unavailable placement or a budget nothing fits are
     # refused here, before anything listens.
     config = c.engine_config(model=model, ctx=ctx, threads=threads, n_gpu_layers=n_gpu_layers, draft=draft,
@@ -82,12 +109,13 @@ def serve(
     sock = _listen(srv, host, port)
     bound_port = sock.getsockname()[1]
     server = srv.ServerConfig(model_id=model_id, model_aliases=aliases, host=host, port=bound_port,
-                              api_key=api_key or None, allowed_hosts=tuple(allow_host or ()))
+                              api_key=api_key, allowed_hosts=tuple(allow_host or ()),
+                              body_timeout_s=body_timeout)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound_port}"
     typer.echo(f"edgespec: serving {model_id} on {url} (loading the model; /health says when ready)", err=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        typer.echo(f"edgespec: warning: listening on {host} without --api-key", err=True)
+        typer.echo(f"edgespec: warning: listening on {host} without an API key", err=True)
 
     def ready() -> None:
         typer.echo(f"edgespec: ready: {url}/v1 (draft {draft}, queue up to {max_queue})", err=True)

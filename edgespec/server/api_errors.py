@@ -1,7 +1,9 @@
 """Errors answered in OpenAI's shape, and the handlers that turn exceptions into them."""
 from __future__ import annotations
 
+import json
 import logging
+import traceback
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -10,6 +12,10 @@ from starlette.responses import JSONResponse, Response
 from edgespec.errors import EdgespecError, InvalidRequest, QueueFull
 
 log = logging.getLogger(__name__)
+
+# What the metrics and the log call a request whose client hung up before it could be
+# answered (nginx's code); the client never sees it.
+CLIENT_GONE = 499
 
 
 class ApiError(Exception):
@@ -27,7 +33,15 @@ class ApiError(Exception):
                           "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return _AsciiJSON(self.body(), status_code=self.status, headers=self.headers)
+
+
+class _AsciiJSON(JSONResponse):
+    """JSON with non-ASCII escaped: a message quoting client text cannot fail to encode
+    (a lone surrogate has no UTF-8 form)."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -42,6 +56,22 @@ def error_for(exc: EdgespecError) -> ApiError:
     if isinstance(exc, QueueFull):
         return ApiError(503, str(exc), type_="server_error", code="queue_full")
     return ApiError(500, str(exc), type_="server_error")
+
+
+def where(exc: BaseException) -> str:
+    """``TypeName at file.py:line`` of the innermost frame: locates a bug without quoting the
+    exception's message, which may hold prompt text."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
+
+
+def log_internal(what: str, exc: BaseException) -> None:
+    """One ERROR line without request content; the traceback (which may quote it) at DEBUG."""
+    log.error("%s: %s", what, where(exc))
+    log.debug("%s", what, exc_info=exc)
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:
@@ -62,11 +92,20 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
     return err.response()
 
 
+async def invalid_request_handler(request: Request, exc: Exception) -> Response:
+    """The library's verdict on a request's input (a lone surrogate, a template it cannot
+    render), wherever a handler did not map it itself: 400, not 500."""
+    return bad_request(str(exc)).response()
+
+
 async def internal_error_handler(request: Request, exc: Exception) -> Response:
-    log.error("internal error on %s: %r", request.url.path, exc)
-    return ApiError(500, f"internal error: {exc}", type_="server_error").response()
+    """A 500 for a bug of ours. Starlette re-raises the exception afterwards; GuardMiddleware
+    drops it so that uvicorn does not log a second, full traceback."""
+    log_internal(f"internal error on {request.method} {request.url.path}", exc)
+    return ApiError(500, f"internal error ({type(exc).__name__}); the server's log has its place",
+                    type_="server_error").response()
 
 
 # Passed to Starlette as its exception_handlers.
 EXCEPTION_HANDLERS = {ApiError: api_error_handler, HTTPException: http_error_handler,
-                      Exception: internal_error_handler}
+                      InvalidRequest: invalid_request_handler, Exception: internal_error_handler}

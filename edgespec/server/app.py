@@ -13,7 +13,9 @@ ASGI server reports ``http.disconnect``), the request's cancel event is set: a w
 leaves the queue, a running one stops after its current step, and the slot is free again.
 
 Guards: the ``Host`` header must name the bound address or a loopback name (DNS rebinding),
-``--api-key`` is checked as a Bearer token on ``/v1/*``, bodies over 1 MiB get 413.
+``--api-key`` is checked as a Bearer token on ``/v1/*``, a POST must be application/json (415),
+bodies over 1 MiB get 413 and bodies that do not arrive in time 408. A client's fault is
+answered, never logged above INFO, and no log line above DEBUG quotes a request.
 
 Modules: ``config`` (ServerConfig, ServerState), ``guards`` (Host check, API key, body cap),
 ``parsing`` (request bodies), ``shaping`` (response bodies), ``streaming`` (generation thread
@@ -45,6 +47,12 @@ __all__ = ["Metrics", "ServerConfig", "ServerState", "bind_socket", "create_app"
            "engine_memory_bytes", "model_names", "serve"]
 
 _UVICORN_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# Open connections get this long to finish once generations are cancelled; a stream ends
+# within one decode step, so only a client that stopped reading is left to be dropped.
+SHUTDOWN_GRACE_S = 2.0
+# On shutdown: how long to wait for a model load under way, then for the running step to stop.
+LOAD_JOIN_S = 10.0
+CLOSE_WAIT_S = 5.0
 
 
 def create_app(state: ServerState) -> GuardMiddleware:
@@ -83,14 +91,25 @@ class _Server(uvicorn.Server):
             self.edgespec_state.engine.cancel_all()
         super().handle_exit(sig, frame)
 
+    async def shutdown(self, sockets=None) -> None:
+        """Before uvicorn waits for open connections: bodies still arriving get 503, requests
+        tokenized meanwhile are refused, and every queued or running generation is cancelled
+        (a stream then ends with finish_reason "cancelled" and [DONE])."""
+        state = self.edgespec_state
+        state.stopping.set()
+        if state.engine is not None:
+            state.engine.cancel_all()
+        await super().shutdown(sockets)
+
 
 def serve(state: ServerState, factory: Callable[[], Engine], sock, on_ready: Callable[[], None] | None = None,
-          shutdown_grace_s: float = 5.0) -> None:
+          shutdown_grace_s: float = SHUTDOWN_GRACE_S) -> None:
     """Serves on ``sock`` until SIGINT/SIGTERM, loading the engine in the background.
 
     /health answers 503 until ``factory`` returns. If loading fails the server stops and the
-    error is re-raised here. On shutdown running and queued generations are cancelled and the
-    engine is closed.
+    error is re-raised here. On shutdown running and queued generations are cancelled, open
+    connections get ``shutdown_grace_s`` to finish (then uvicorn drops them), and the engine is
+    closed; each wait is bounded, so a signal ends the server within seconds.
     """
     level = logging.getLevelName(log.getEffectiveLevel()).lower()
     config = uvicorn.Config(create_app(state), log_level=level if level in _UVICORN_LEVELS else "warning",
@@ -118,9 +137,11 @@ def serve(state: ServerState, factory: Callable[[], Engine], sock, on_ready: Cal
         _restore_sigterm(previous)
         if state.engine is not None:
             state.engine.cancel_all()
-        loader.join(timeout=300)
-        if state.engine is not None:
-            state.engine.close()
+        loader.join(timeout=LOAD_JOIN_S)
+        if loader.is_alive():
+            log.warning("the model is still loading; exiting without waiting for it")
+        elif state.engine is not None:
+            state.engine.close(timeout=CLOSE_WAIT_S)
     if state.load_error is not None:
         raise state.load_error
 

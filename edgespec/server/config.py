@@ -1,6 +1,7 @@
 """What the server serves and how it guards itself, and the engine it serves once loaded."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,6 +11,9 @@ from edgespec.engine import Engine
 from edgespec.server.metrics import Metrics
 
 MAX_BODY_BYTES = 1 << 20
+# A whole body must arrive within this; a stalled upload would otherwise hold its connection
+# (and the server's shutdown) forever. 1 MiB in 30 s is 35 KB/s.
+BODY_TIMEOUT_S = 30.0
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
 
@@ -25,6 +29,7 @@ class ServerConfig:
     api_key: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # extra Host header names (besides the bound host)
     max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     def host_allowed(self, host_header: str | None) -> bool:
         """Whether a Host header names this server (protects loopback servers from DNS rebinding)."""
@@ -78,6 +83,9 @@ class ServerState:
     engine: Engine | None = None
     load_error: BaseException | None = None
     started: float = field(default_factory=time.time)
+    # Set on the event loop when the server starts shutting down: bodies still arriving are
+    # answered 503 and no new generation is queued, so open connections finish at once.
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     def load(self, factory: Callable[[], Engine]) -> None:
         """Builds the engine (call from a thread); on failure records the error and re-raises."""

@@ -15,7 +15,7 @@ from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidRequest, QueueFull
 from edgespec.server.api_errors import ApiError, bad_request, error_for
 from edgespec.server.config import ServerState
-from edgespec.server.guards import check_key, read_json
+from edgespec.server.guards import check_json_type, check_key, read_json
 from edgespec.server.parsing import parse_messages, parse_options, parse_prompt
 from edgespec.server.shaping import completion_body, model_card
 from edgespec.server.streaming import EventStream, Generation, stream_chunks, watch_disconnect
@@ -70,10 +70,13 @@ class Routes:
         """Validates, tokenizes in a worker thread, queues, then streams or answers whole."""
         state = self.state
         check_key(request, state)
-        body = await read_json(request, state.config.max_body_bytes)
+        check_json_type(request)
+        body = await read_json(request, state)
         engine = _engine(state)
         parsed = parse_options(body, state.config, engine.ctx.n_ctx)
         tokens = await _prompt_tokens(engine, body, chat)
+        if state.stopping.is_set():  # tokenized while shutdown cancelled the queue
+            raise _shutting_down()
         cancel = threading.Event()
         try:
             job = engine.submit(tokens, parsed.request, cancel)
@@ -81,8 +84,8 @@ class Routes:
             state.metrics.rejected_request("queue_full")
             raise ApiError(503, str(exc), type_="server_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
-        except InvalidRequest as exc:  # the engine is closing
-            raise ApiError(503, str(exc), type_="server_error", code="shutting_down") from None
+        except InvalidRequest:  # the engine is closing
+            raise _shutting_down() from None
         gen = Generation(state, "chat" if chat else "completions", job, cancel)
         gen.start()
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -107,6 +110,11 @@ class Routes:
             gen.cancel.set()  # no-op once done; stops the generation if this task is cancelled
         assert done is not None
         return JSONResponse(completion_body(done, chat, ident, created, self.state.config.model_id))
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", type_="server_error", code="shutting_down",
+                    headers={"Connection": "close"})
 
 
 def _engine(state: ServerState) -> Engine:

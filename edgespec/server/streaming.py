@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from edgespec.decode.events import DoneEvent, TokenEvent
 from edgespec.errors import EdgespecError
-from edgespec.server.api_errors import ApiError, error_for
+from edgespec.server.api_errors import ApiError, error_for, log_internal
 from edgespec.server.config import ServerState
 from edgespec.server.shaping import chunk_base, edgespec_stats, stream_chunk, usage
 
@@ -77,10 +77,13 @@ class Generation:
 
 
 async def watch_disconnect(receive, cancel: threading.Event) -> None:
-    """Sets ``cancel`` when the client goes away (the request body has been read already)."""
+    """Sets ``cancel`` when the client goes away (the request body has been read already); a
+    client that leaves before its answer is complete is one INFO line."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            if not cancel.is_set():  # set already once the answer is complete
+                log.info("the client went away before its answer was complete; generation cancelled")
             cancel.set()
             return
 
@@ -129,9 +132,12 @@ async def stream_chunks(gen: Generation, chat: bool, ident: str, created: int, m
                 if include_usage:
                     yield sse({**base, "choices": [], "usage": usage(ev)})
     except Exception as exc:  # the status line is sent already: report in the stream
-        err = error_for(exc) if isinstance(exc, EdgespecError) else ApiError(
-            500, f"internal error: {exc}", type_="server_error")
-        log.error("generation failed mid-stream: %r", exc)
+        if isinstance(exc, EdgespecError):
+            err = error_for(exc)
+            log.info("generation refused mid-stream: %s", type(exc).__name__)
+        else:
+            err = ApiError(500, f"internal error ({type(exc).__name__})", type_="server_error")
+            log_internal("generation failed mid-stream", exc)
         yield sse(err.body())
     finally:
         gen.cancel.set()
