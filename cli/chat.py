@@ -7,6 +7,7 @@ Commands: /reset, /stats, /help, /exit. Ctrl-C stops an answer, Ctrl-D leaves.
 """
 from __future__ import annotations
 
+import io
 import signal
 import sys
 import threading
@@ -19,6 +20,7 @@ from edgespec.cli import common as c
 from edgespec.engine import Engine
 from edgespec.decode.events import DoneEvent, GenerationStats, TokenEvent
 from edgespec.decode.request import GenerationRequest
+from edgespec.errors import EdgespecError, InvalidRequest
 
 HELP = """commands: /reset (forget the conversation)  /stats (last answer and session totals)
           /help  /exit (or Ctrl-D). Ctrl-C stops an answer. End a line with \\ to continue it,
@@ -55,6 +57,9 @@ class ChatSession:
                     write(ev.text, ev.from_draft)
                 elif isinstance(ev, DoneEvent):
                     done = ev
+        except EdgespecError:
+            self.messages.pop()  # a refused message leaves the conversation as it was
+            raise
         finally:
             signal.signal(signal.SIGINT, previous)
         # A stopped answer stays in the history as far as it got, as it was shown.
@@ -75,7 +80,11 @@ class ChatSession:
 
 
 def read_message(prompt: str = ">>> ") -> str | None:
-    """Reads one possibly multi-line message; None on Ctrl-D. Ctrl-C clears the input."""
+    """Reads one possibly multi-line message (common.utf8_text); None on Ctrl-D. Ctrl-C clears the input."""
+    return c.utf8_text(_read_message(prompt))
+
+
+def _read_message(prompt: str) -> str | None:
     while True:
         try:
             line = input(prompt)
@@ -160,6 +169,8 @@ def chat(
             onnx_provider=onnx_provider, onnx_bits=onnx_bits, vram_budget=vram_budget, placement=placement,
             exact=exact, flash_attn=flash_attn) as engine:
         typer.echo(f"edgespec chat with {model} - /help for commands", err=True)
+        if isinstance(sys.stdin, io.TextIOWrapper):  # undecodable bytes reach utf8_text, not a traceback
+            sys.stdin.reconfigure(errors="surrogateescape")
         _loop(ChatSession(engine, request, system), _writer(show_drafts))
 
 
@@ -182,7 +193,11 @@ def _loop(session: ChatSession, write) -> None:
         elif command.startswith("/") and " " not in command:
             typer.echo(f"unknown command {command}; /help lists them", err=True)
         else:
-            done = session.answer(message, write)
+            try:
+                done = session.answer(message, write)
+            except InvalidRequest as exc:  # this message's fault: the session goes on
+                typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+                continue
             write("\n")
             if done.finish_reason == "cancelled":
                 typer.echo("[stopped]", err=True)

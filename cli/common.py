@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import Any
 
 import typer
 
-from edgespec.config import DEFAULT_CTX, DEFAULT_DRAFT, DEFAULT_MODEL, EngineConfig
+from edgespec.config import DEFAULT_CTX, DEFAULT_DRAFT, DEFAULT_MODEL, EngineConfig, check_threads
 from edgespec.engine import Engine
 from edgespec.errors import InvalidRequest
 from edgespec.llama.kernels import KV_CACHE_TYPES
@@ -16,20 +17,56 @@ from edgespec.decode.events import GenerationStats
 from edgespec.decode.sampling import SamplingParams
 from edgespec.units import format_bytes, parse_bytes
 
+log = logging.getLogger(__name__)
+
+
+def utf8_text(value):
+    """Text from argv or stdin as valid Unicode: bytes that are not UTF-8 become U+FFFD.
+
+    The policy for every text the CLI reads (the prompt argument or stdin, --system, --stop, chat
+    lines): Python hands undecodable argv and stdin bytes over as lone surrogates
+    (surrogateescape), which UTF-8 cannot encode for the tokenizer; they are turned back into
+    their bytes and decoded with errors="replace". Takes a str, a list of them or None.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return type(value)(utf8_text(v) for v in value)
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        log.warning("input that is not valid UTF-8: its undecodable bytes became U+FFFD")
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no decoder made (U+D800-U+DC7F): kept as itself, then replaced
+        raw = value.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
+def _threads(value: int | None) -> int | None:
+    """--threads, refused as bad usage above what this machine can use (config.check_threads)."""
+    try:
+        return check_threads(value) if value is not None else None
+    except InvalidRequest as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 # Typer options reused by several verbs; defaults follow llama.cpp's sampler defaults.
 MODEL = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name from the store or path to a .gguf file.")
 CTX = typer.Option(DEFAULT_CTX, "--ctx", "-c", min=16, help="Context size in tokens.")
-THREADS = typer.Option(None, "--threads", "-t", min=1, help="CPU threads (default: physical cores).")
+THREADS = typer.Option(None, "--threads", "-t", min=1, callback=_threads, help="CPU threads (default: physical cores).")
 GPU_LAYERS = typer.Option(0, "--n-gpu-layers", "-ngl", help="Layers to offload to a GPU (-1: all).")
 TEMPERATURE = typer.Option(0.8, "--temperature", "--temp", min=0.0, help="0 means greedy decoding.")
 TOP_K = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0: off).")
 TOP_P = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (1: off).")
 MIN_P = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below min_p x the top probability.")
 REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty for the last 64 tokens (1: off).")
-SEED = typer.Option(None, "--seed", "-s", help="Random seed for sampling (default: random).")
+SEED = typer.Option(None, "--seed", "-s", min=0, help="Random seed for sampling, >= 0 (default: random).")
 MAX_TOKENS = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens to generate.")
-SYSTEM = typer.Option(None, "--system", help="System message.")
-STOP = typer.Option(None, "--stop", help="Stop string (repeatable).")
+SYSTEM = typer.Option(None, "--system", callback=utf8_text, help="System message.")
+STOP = typer.Option(None, "--stop", callback=utf8_text, help="Stop string (repeatable).")
+PROMPT = typer.Argument(None, callback=utf8_text, help="The prompt (default: read from stdin).")
 DRAFT = typer.Option(DEFAULT_DRAFT, "--draft", "-d",
                      help="none | suffix | model | hybrid | auto | onnx, or a drafter model name/path.")
 DRAFT_MAX = typer.Option(None, "--draft-max", min=1, max=MAX_DRAFT,
@@ -97,16 +134,15 @@ def sampling_from_options(temperature: float, top_k: int, top_p: float, min_p: f
 
 
 def read_prompt(prompt: str | None) -> str:
-    """The prompt from the argument, else from a piped stdin; never blocks on a terminal."""
+    """The prompt from the argument, else from a piped stdin (utf8_text); never blocks on a terminal."""
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise InvalidRequest("no prompt: pass it as an argument or pipe it on stdin")
-        prompt = sys.stdin.read()
+        raw = getattr(sys.stdin, "buffer", None)
+        prompt = utf8_text(raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read())
     if not prompt.strip():
         raise InvalidRequest("the prompt is empty")
     return prompt
-
-
 
 
 def stats_line(stats: GenerationStats) -> str:

@@ -16,7 +16,7 @@ from edgespec.decode.request import GenerationRequest
 
 @app.command()
 def run(
-    prompt: Optional[str] = typer.Argument(None, help="The prompt (default: read from stdin)."),
+    prompt: Optional[str] = c.PROMPT,
     model: str = c.MODEL,
     max_tokens: int = c.MAX_TOKENS,
     temperature: float = c.TEMPERATURE,

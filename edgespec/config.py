@@ -6,6 +6,7 @@ edgespec.memory.placements).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from edgespec.errors import InvalidRequest
@@ -69,7 +70,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check_int("n_ctx", self.n_ctx, 16)
         if self.n_threads is not None:
-            _check_int("n_threads", self.n_threads, 1)
+            check_threads(self.n_threads)
         if self.draft_max is not None:
             _check_int("draft_max", self.draft_max, 1, placements.MAX_DRAFT)
         if self.n_gpu_layers < -1:
@@ -119,6 +120,22 @@ class EngineConfig:
     def planned(self) -> bool:
         """Whether the planner places the load (a budget or a placement is given)."""
         return self.ram_budget is not None or self.vram_budget is not None or self.placement is not None
+
+
+# llama.cpp's GGML_MAX_N_THREADS; more threads than a few per CPU only contend for the cores.
+_LLAMA_MAX_THREADS = 512
+_THREADS_PER_CPU = 4
+
+
+def check_threads(n_threads) -> int:
+    """Returns ``n_threads`` if it is a thread count this machine can use, else raises InvalidRequest."""
+    _check_int("n_threads", n_threads, 1)
+    cpus = os.cpu_count() or 1
+    most = min(_LLAMA_MAX_THREADS, _THREADS_PER_CPU * cpus)
+    if n_threads > most:
+        raise InvalidRequest(f"n_threads must be at most {most} ({_THREADS_PER_CPU} per CPU of this machine's {cpus}; "
+                             f"llama.cpp allows {_LLAMA_MAX_THREADS}), got {n_threads}")
+    return n_threads
 
 
 def _check_int(name: str, value, low: int, high: int | None = None) -> None:

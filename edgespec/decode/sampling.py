@@ -9,6 +9,7 @@ a pure function of numpy arrays; no llama.cpp.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,6 +47,9 @@ class SamplingParams:
             (self.repeat_penalty > 0 and np.isfinite(self.repeat_penalty),
              "repeat_penalty must be > 0"),
             (self.repeat_last_n >= 0, "repeat_last_n must be >= 0"),
+            # numpy's generators take any integer >= 0 (no upper bound) and refuse negative ones.
+            (self.seed is None or (isinstance(self.seed, numbers.Integral) and not isinstance(self.seed, bool)
+                                   and self.seed >= 0), f"seed must be an integer >= 0 or None, got {self.seed!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -14,9 +14,11 @@ Everything else in edgespec imports this module, never ``llama_cpp``.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,12 +45,58 @@ _LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.ERROR
 
 @lc.llama_log_callback
 def _log_callback(level, text, _user_data):  # pragma: no cover - called from C
+    # An exception cannot cross into C: Python would only print it, and llama.cpp go on.
     try:
         msg = text.decode("utf-8", errors="replace").rstrip()
+        if msg:
+            LLAMA_LOG.log(_LEVELS.get(int(level), logging.DEBUG), "%s", msg)
+    except KeyboardInterrupt:
+        _lost_interrupt.set()  # raised again once llama.cpp returns (_raise_lost_interrupt)
     except Exception:  # noqa: BLE001 - never raise into C
+        pass
+
+
+_lost_interrupt = threading.Event()
+
+
+def _raise_lost_interrupt() -> None:
+    """Raises the KeyboardInterrupt that the log callback had to swallow, if any."""
+    if _lost_interrupt.is_set():
+        _lost_interrupt.clear()
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Holds Ctrl-C while llama.cpp loads or allocates, then delivers it to the caller's handler.
+
+    Python's own handler raises KeyboardInterrupt inside llama.cpp's log callback, where it can
+    only be printed, and the load went on (4 of 4 Ctrl-Cs while loading the 1.5B). Yields the
+    Event that SIGINT sets (a load's progress callback reads it), or None where nothing changes:
+    off the main thread (only it may set handlers), while SIGINT is ignored, or under a handler
+    set outside Python (which could not be put back).
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None)):
+        yield None
         return
-    if msg:
-        LLAMA_LOG.log(_LEVELS.get(int(level), logging.DEBUG), "%s", msg)
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if interrupted.is_set():
+            signal.raise_signal(signal.SIGINT)  # to the caller's handler: KeyboardInterrupt by default
+    _raise_lost_interrupt()
+
+
+def _progress(interrupted: threading.Event | None):
+    """A llama progress callback that aborts the load (returns False) once ``interrupted`` is set."""
+    @lc.llama_progress_callback
+    def progress(_fraction, _user_data):  # pragma: no cover - called from C
+        return not (interrupted is not None and interrupted.is_set())
+    return progress
 
 
 def ensure_initialized() -> None:
@@ -224,8 +272,13 @@ class LlamaModel:
         self.file = model_file(self.path)
         self.gguf = self.file.gguf
         ensure_initialized()
-        self._model = lc.llama_model_load_from_file(self.path.encode(), model_struct(params))
+        mp = model_struct(params)
+        with _sigint_deferred() as interrupted:
+            mp.progress_callback = _progress(interrupted)  # the struct keeps it alive
+            self._model = lc.llama_model_load_from_file(os.fsencode(self.path), mp)
         if not self._model:
+            if interrupted is not None and interrupted.is_set():  # a caller's handler that did not raise
+                raise KeyboardInterrupt
             raise BackendError(f"llama.cpp could not load {self.path}")
         self.params = params
         self._vocab = lc.llama_model_get_vocab(self._model)
@@ -251,8 +304,17 @@ class LlamaModel:
         return bool(self._eog[token])
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Text -> token ids. ``parse_special`` turns "<|im_start|>" into its control token."""
-        data = text.encode("utf-8")
+        """Text -> token ids. ``parse_special`` turns "<|im_start|>" into its control token.
+
+        Raises:
+            InvalidRequest: ``text`` holds lone surrogates (JSON's "\\udcff" can carry them), which
+                UTF-8 cannot encode.
+        """
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequest(f"the text is not valid Unicode: {exc.reason} at position {exc.start} "
+                                 f"({text[exc.start:exc.end]!r})") from None
         cap = len(data) + 8
         buf = (lc.llama_token * cap)()
         n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
@@ -350,7 +412,8 @@ class LlamaContext:
         self.model = model
         threads = params.n_threads or default_threads()
         cp = context_struct(params, threads)
-        self._ctx = lc.llama_init_from_model(model._model, cp)
+        with _sigint_deferred():
+            self._ctx = lc.llama_init_from_model(model._model, cp)
         if not self._ctx:
             raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens")
         self.params = params
@@ -409,6 +472,7 @@ class LlamaContext:
                 b.seq_id[i][j] = s
             b.logits[i] = 1 if logits[i] else 0
         rc = lc.llama_decode(self._ctx, b)
+        _raise_lost_interrupt()
         if rc != 0:
             raise BackendError(f"llama_decode failed (code {rc}): "
                                + ("no room in the KV cache" if rc == 1 else "see debug log"))
