@@ -16,7 +16,8 @@ from edgespec.cli.common import print_json
 from edgespec.units import format_bytes as human_bytes
 from edgespec.files.store import ModelStore
 from edgespec.decode.tokens import HAVE_NATIVE
-from edgespec.onnx.providers import NAMES, present, short_name
+from edgespec.onnx import providers as onnx_providers_mod
+from edgespec.onnx.providers import NAMES, short_name
 from edgespec.memory.machine import machine
 from edgespec.memory.placements import MODES, unavailable
 from edgespec.llama.kernels import cuda_graphs, op_offload_min_batch
@@ -35,7 +36,7 @@ def _cpu_model() -> str:
 
 def onnx_providers() -> dict:
     """onnxruntime's execution providers here and the --onnx-provider name each answers to."""
-    have = present()
+    have = onnx_providers_mod.present()
     if have is None:
         return {"onnxruntime": None, "providers": [], "usable": ["cpu"], "names": list(NAMES)}
     import onnxruntime

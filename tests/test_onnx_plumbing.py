@@ -189,7 +189,7 @@ def test_a_plan_with_draft_onnx_counts_the_drafter(model_path, capsys):
     extra = plans["onnx"]["ram_bytes"] - plans["none"]["ram_bytes"]
     assert extra >= sum(p["bytes"] for p in onnx.values())
     code, out, _ = _cli("plan", "-m", TARGET, "--draft", "onnx", "--onnx-bits", "4", "--onnx-provider", "cuda",
-                        "--ctx", "1024", "--json", capsys=capsys)
+                        "--ctx", "1024", "--ram-budget", "8GiB", "--json", capsys=capsys)
     four = json.loads(out)
     graph4 = next(p for p in four["parts"] if p["component"] == "onnx drafter graph (4)")
     assert graph4["bytes"] < onnx["onnx drafter graph (exact)"]["bytes"]

@@ -540,7 +540,7 @@ def test_plan_table():
     (["--ram-budget", "abc"], "not a byte size"),
     (["--ram-budget=-1"], "not a byte size"),
     (["--vram-budget", "lots"], "not a byte size"),
-    (["--model", SMALL, "--ctx", "100000"], "exceeds the trained context"),
+    (["--model", SMALL, "--ctx", "100000"], "exceeds the model's trained context"),
     (["--model", TARGET, "--ram-budget", "100MiB"], "smallest plan needs"),
     (["--model", SMALL, "--kv-type", "q2"], "--kv-type"),
     (["--model", SMALL, "--kv-type", "q8_0", "--no-flash-attn"], "needs flash attention"),

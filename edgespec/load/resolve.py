@@ -106,15 +106,15 @@ def _plan(config: EngineConfig, target: ModelFootprint, drafters: _Drafters, dra
           suffix: bool, m: MachineInfo) -> planner.Plan:
     """The planner's plan for ``config`` with ``drafter`` (None: no drafter model)."""
     kind = drafters.kind
-    exact = EXACT_PLAN if config.exact else {}
+    options = dict(kv_type=config.kv_type, draft_tree=config.draft_tree)
+    if config.exact:  # EngineConfig refused a cache type or trees exact mode cannot keep
+        options.update(EXACT_PLAN, draft_tree=False)
     return planner.make_plan(target, drafter, ram_budget=config.ram_budget, vram_budget=config.vram_budget,
                              n_ctx=config.n_ctx, machine_info=m, suffix=suffix, draft_max=config.draft_max,
-                             draft_tree=False if config.exact else config.draft_tree,
                              long_drafts=config.draft == "auto", threads=config.n_threads,
                              placement=config.placement, external_drafter=drafters.onnx,
                              drafter_required=kind is not None and kind.model == "always",
-                             flash_attn=config.flash_attn, mlock=config.use_mlock,
-                             kv_type=config.kv_type, **exact)
+                             flash_attn=config.flash_attn, mlock=config.use_mlock, **options)
 
 
 def _placed(config: EngineConfig, path: Path, target_file: ModelFile, m: MachineInfo,
