@@ -102,23 +102,25 @@ def serve(
     store = ModelStore()
     plan = resolve(config, machine(), store)
     model_id, aliases = srv.model_names(model, plan.target_path)
-
-    def load() -> Engine:
-        return Engine(config, store, plan)
-
     sock = _listen(srv, host, port)
-    bound_port = sock.getsockname()[1]
-    server = srv.ServerConfig(model_id=model_id, model_aliases=aliases, host=host, port=bound_port,
+    server = srv.ServerConfig(model_id=model_id, model_aliases=aliases, host=host, port=sock.getsockname()[1],
                               api_key=api_key, allowed_hosts=tuple(allow_host or ()),
                               body_timeout_s=body_timeout)
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{bound_port}"
-    typer.echo(f"edgespec: serving {model_id} on {url} (loading the model; /health says when ready)", err=True)
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        typer.echo(f"edgespec: warning: listening on {host} without an API key", err=True)
+    url = _announce(server)
+    srv.serve(srv.ServerState(server), lambda: Engine(config, store, plan), sock,
+              on_ready=lambda: _say(f"edgespec: ready: {url}/v1 (draft {draft}, queue up to {max_queue})"))
 
-    def ready() -> None:
-        typer.echo(f"edgespec: ready: {url}/v1 (draft {draft}, queue up to {max_queue})", err=True)
-        sys.stderr.flush()
 
-    srv.serve(srv.ServerState(server), load, sock, on_ready=ready)
+def _say(line: str) -> None:
+    typer.echo(line, err=True)
+    sys.stderr.flush()
+
+
+def _announce(server) -> str:
+    """Says where the server listens (and warns when it is open without a key); returns its URL."""
+    host = server.host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
+    _say(f"edgespec: serving {server.model_id} on {url} (loading the model; /health says when ready)")
+    if host not in ("127.0.0.1", "localhost", "::1") and not server.api_key:
+        _say(f"edgespec: warning: listening on {host} without an API key")
+    return url
