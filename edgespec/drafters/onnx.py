@@ -29,6 +29,7 @@ from edgespec.decode.sampling import (
 from edgespec.decode.tokens import fast_common_prefix
 from edgespec.drafters import default_draft_model
 from edgespec.files.gguf import read_gguf
+from edgespec.memory import placements
 from edgespec.files.vocab import check_compatible
 from edgespec.onnx.convert import convert
 from edgespec.drafters.model import MAX_EXPANSIONS, Stop, draft_chain, drafts_tree
@@ -39,7 +40,7 @@ from edgespec.spec.tree_search import SearchResult, best_first, top_children
 log = logging.getLogger(__name__)
 
 NAME = "onnx"
-MAX_TREE_NODES = 63
+MAX_TREE_NODES = placements.TREES.draft_max
 PREFILL_CHUNK = 256  # rows per pass while catching up: bounds the attention bias (S x T floats)
 
 

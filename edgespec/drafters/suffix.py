@@ -24,6 +24,7 @@ from edgespec.decode.tree import DraftTree
 from edgespec.decode.verify import main_path
 from edgespec.drafters.suffix_index import SuffixIndex
 from edgespec.memory.footprint import SUFFIX_BYTES_PER_TOKEN, SUFFIX_HISTORY_TOKENS
+from edgespec.memory.placements import CHAINS
 
 NAME = "suffix"
 BYTES_PER_TOKEN = SUFFIX_BYTES_PER_TOKEN
@@ -35,7 +36,8 @@ class SuffixDrafter:
 
     name = NAME
 
-    def __init__(self, max_depth: int = 64, max_history_tokens: int = DEFAULT_HISTORY_TOKENS, max_spec: int = 32,
+    def __init__(self, max_depth: int = 64, max_history_tokens: int = DEFAULT_HISTORY_TOKENS,
+                 max_spec: int = CHAINS.draft_max,
                  alpha: float = 1.0, min_prob: float = 0.1, max_match: int | None = None,
                  index=None, chains: bool = False) -> None:
         """``index``: an existing index to share (e.g. across drafter instances), else a new one.

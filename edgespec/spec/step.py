@@ -20,6 +20,7 @@ from edgespec.spec.acceptance import Acceptance, accept_greedy, accept_stochasti
 from edgespec.decode.stats import SpecStats
 from edgespec.decode.tree import DraftTree
 from edgespec.decode.verify import fit_draft, is_chain, main_path
+from edgespec.memory.placements import CHAINS
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class SpeculativeStep:
     code, not measured: runs that verified suffix trees gave plain's answers on 42/42 too.
     """
 
-    def __init__(self, drafter: Drafter, draft_max: int = 32, recheck_gap: float = 0.0,
+    def __init__(self, drafter: Drafter, draft_max: int = CHAINS.draft_max, recheck_gap: float = 0.0,
                  overlap: bool = False, chains_only: bool = False):
         self.drafter = drafter
         self.draft_max = draft_max
