@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL
+from server_harness import ServerProcess, stop
 from edgespec.decode.request import make_request
 from edgespec.engine import Engine, EngineConfig, RequestQueue
 from edgespec.errors import BudgetExceeded, InvalidRequest, QueueFull
@@ -327,46 +328,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path):
-        self.proc, self.port, self.log = proc, port, log
-        self.base = f"http://127.0.0.1:{port}"
-
-    def request(self, method: str, path: str, body=None, headers: dict | None = None,
-                timeout: float = 120) -> tuple[int, dict, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-            hdrs = {"Content-Type": "application/json", **(headers or {})}
-            conn.request(method, path, body=data, headers=hdrs)
-            resp = conn.getresponse()
-            return resp.status, dict(resp.getheaders()), resp.read()
-        finally:
-            conn.close()
-
-    def metrics(self) -> dict[str, float]:
-        status, _, body = self.request("GET", "/metrics")
-        assert status == 200
-        out = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def wait_metric(self, name: str, pred, timeout: float = 20) -> float:
-        deadline = time.monotonic() + timeout
-        value = None
-        for _ in range(int(timeout / 0.05) + 1):
-            value = self.metrics().get(name, 0.0)
-            if pred(value) or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert pred(value), (name, value)
-        return value
-
-
-def _start(small_path: str, tmp_path_factory, *args: str, timeout: float = 120) -> Server:
+def _start(small_path: str, tmp_path_factory, *args: str, timeout: float = 120) -> ServerProcess:
     port = _free_port()
     log = tmp_path_factory.mktemp("server") / "stderr.txt"
     with open(log, "wb") as err:
@@ -375,7 +337,7 @@ def _start(small_path: str, tmp_path_factory, *args: str, timeout: float = 120) 
                                  "--ctx", str(CTX), "--threads", str(THREADS), "--draft-max", str(DRAFT_MAX),
                                  *args], stdout=subprocess.DEVNULL, stderr=err,
                                 stdin=subprocess.DEVNULL)
-    server = Server(proc, port, log)
+    server = ServerProcess(proc, port, log)
     deadline = time.monotonic() + timeout
     for _ in range(int(timeout / 0.1)):
         if proc.poll() is not None:
@@ -390,26 +352,15 @@ def _start(small_path: str, tmp_path_factory, *args: str, timeout: float = 120) 
         if time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    _stop(server)
+    stop(server)
     raise AssertionError(f"server not healthy within {timeout} s: {log.read_text()}")
-
-
-def _stop(server: Server) -> int:
-    if server.proc.poll() is None:
-        server.proc.terminate()
-        try:
-            server.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait(10)
-    return server.proc.returncode
 
 
 @pytest.fixture(scope="module")
 def server(small_path, tmp_path_factory):
     srv = _start(small_path, tmp_path_factory, "--max-queue", "16")
     yield srv
-    code = _stop(srv)
+    code = stop(srv)
     assert code == 0, srv.log.read_text()  # SIGTERM is a clean shutdown
 
 
@@ -417,7 +368,7 @@ def server(small_path, tmp_path_factory):
 def keyed(small_path, tmp_path_factory):
     srv = _start(small_path, tmp_path_factory, "--api-key", KEY, "--max-queue", "1")
     yield srv
-    _stop(srv)
+    stop(srv)
 
 
 @pytest.fixture(scope="module")
@@ -737,7 +688,7 @@ def test_health_is_503_while_loading_and_load_errors_stop_the_server():
 
     th = threading.Thread(target=run, daemon=True)
     th.start()
-    srv = Server(None, port, Path("/dev/null"))
+    srv = ServerProcess(None, port, Path("/dev/null"))
     try:
         for _ in range(100):
             try:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL
-from test_server_hostile import (CTX, SECRET, THREADS, ServerProcess, read_all, raw_post, start_server,
-                                 status_of, stop)
+from server_harness import CTX, THREADS, ServerProcess, raw_post, read_all, start_server, status_of, stop
+from test_server_hostile import SECRET
 
 MAX_TOKENS = 16
 CHATS = ["Write one sentence about rivers.", "Name three planets.", "Why is bread soft?"]
