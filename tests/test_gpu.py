@@ -138,7 +138,7 @@ def test_planned_vram_matches_what_cuda_allocates(mode, shape):
     with short chains and with the long drafts' shape (63 tokens, trees: the drafter's tree
     search reserves a graph of one token per sequence, 256 of them, 150 MiB)."""
     from edgespec.llama.probe import capture_llama_log, reported_buffers
-    from edgespec.memory.planner import GPU_RUNTIME_BYTES
+    from edgespec.memory.candidates import GPU_RUNTIME_BYTES
 
     draft_max, tree = (8, False) if shape != "trees" else (63, True)
     cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement=mode, vram_budget=MODES[mode], draft="model",
@@ -212,7 +212,7 @@ with Engine(cfg) as engine:
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_request_stays_within_the_planned_ram(mode):
     """The plan's RAM holds a request's peak RSS on a GPU build, the CUDA runtime's host memory
-    included (planner.GPU_HOST_*), so a --ram-budget is a contract here as on a CPU build."""
+    included (candidates.GPU_HOST_*), so a --ram-budget is a contract here as on a CPU build."""
     proc = subprocess.run([sys.executable, "-c", RAM_RUN, mode, str(TARGET), str(DRAFTER), str(MODES[mode] or 0),
                            PROMPTS[0]], check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -21,7 +21,7 @@ from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.engine import Engine, EngineConfig
 from edgespec.llama.probe import capture_llama_log, reported_buffers
-from edgespec.memory.planner import GPU_RUNTIME_BYTES
+from edgespec.memory.candidates import GPU_RUNTIME_BYTES
 
 log = logging.getLogger("engine_modes")
 GiB = 1 << 30
