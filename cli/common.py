@@ -52,6 +52,14 @@ def _threads(value: int | None) -> int | None:
         raise typer.BadParameter(str(exc)) from None
 
 
+def _bytes(value: str | None) -> int | None:
+    """A byte size option (2GiB, 2048M, bytes), refused as bad usage when it is not one."""
+    try:
+        return parse_bytes(value) if value is not None else None
+    except InvalidRequest as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 # Typer options reused by several verbs; defaults follow llama.cpp's sampler defaults.
 MODEL = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name from the store or path to a .gguf file.")
 CTX = typer.Option(DEFAULT_CTX, "--ctx", "-c", min=16, help="Context size in tokens.")
@@ -93,14 +101,6 @@ ONNX_PROVIDER = typer.Option("cpu", "--onnx-provider",
                                   "openvino | qnn | coreml (one absent or refusing the graph falls back to cpu).")
 ONNX_BITS = typer.Option("exact", "--onnx-bits",
                          help="--draft onnx: which conversion, exact (the GGUF's blocks) | 4 (4-bit, smaller, faster).")
-def _bytes(value: str | None) -> int | None:
-    """A byte size option (2GiB, 2048M, bytes), refused as bad usage when it is not one."""
-    try:
-        return parse_bytes(value) if value is not None else None
-    except InvalidRequest as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
 RAM_BUDGET = typer.Option(None, "--ram-budget", callback=_bytes,
                           help="Resident memory limit (2GiB, 2048M, bytes): the planner fits everything under it.")
 VRAM_BUDGET = typer.Option(None, "--vram-budget", callback=_bytes,

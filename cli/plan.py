@@ -50,7 +50,10 @@ def plan(
         print_json({**chosen.to_dict(), "placements": {k: _summary(v) for k, v in others.items()}})
         return
     out = Console(highlight=False)
-    _print_plan(out, chosen) if chosen.plan is not None else _print_as_asked(out, chosen)
+    if chosen.plan is not None:
+        _print_plan(out, chosen)
+    else:
+        _print_as_asked(out, chosen)
     _print_placements(out, others, chosen.mode.name if chosen.mode else None)
 
 
@@ -66,7 +69,7 @@ def _summary(p: LoadPlan | str) -> dict:
 
 def _print_placements(out: Console, others: dict[str, LoadPlan | str], chosen: str | None) -> None:
     t = Table(title="The planner's choice in each placement (--placement NAME), with these budgets",
-                title_justify="left")
+              title_justify="left")
     for col in ("placement", "target GPU layers", "drafter", "RAM", "VRAM", "notes"):
         t.add_column(col)
     summaries = {name: _summary(p) for name, p in others.items()}

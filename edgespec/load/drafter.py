@@ -94,11 +94,15 @@ def drafter_model_params(plan: planner.Plan) -> ModelParams:
                        repack=plan.drafter_repack or not on_cpu, no_host=on_cpu and plan.no_host)
 
 
+def calibration_tag(plan: planner.Plan) -> str:
+    """What sets a plan's calibrations apart: file-backed weights cost more than resident ones."""
+    return "-filebacked" if plan.weights_mode == "file-backed" else ""
+
+
 def target_key(plan: planner.Plan, target_path: Path) -> str:
     """The placement key `auto` calibrates and learns under, for the target as ``plan`` loads it."""
-    tag = "-filebacked" if plan.weights_mode == "file-backed" else ""
     return calibration_key(target_path, target_model_params(plan), plan.threads or default_threads(),
-                           plan.flash_attn, tag)
+                           plan.flash_attn, calibration_tag(plan))
 
 
 def auto_skips_drafter(plan: planner.Plan, target_path: Path, drafter: Path, store: ModelStore) -> str | None:

@@ -145,7 +145,7 @@ def _placed(config: EngineConfig, path: Path, target_file: ModelFile, m: Machine
             except BudgetExceeded:
                 pass  # what fits: the sequences alone (_sequences)
     plan.warnings[:0] = notes
-    return _from_plan(config, path, plan, draft, allowed and dfp is not None, tuple(notes), left_out)
+    return _from_plan(config, path, plan, draft, allowed, tuple(notes), left_out)
 
 
 def _from_plan(config: EngineConfig, path: Path, plan: planner.Plan, draft: str | None, drafter_loads: bool,
@@ -160,7 +160,7 @@ def _from_plan(config: EngineConfig, path: Path, plan: planner.Plan, draft: str 
         model, context = invariant.model_params(model), invariant.context_params(context)
     file_backed = plan.weights_mode == "file-backed"
     drafter = DrafterPlacement(drafter_loads, drafter_files.drafter_model_params(plan) if drafter_loads else None,
-                               plan.suffix_cap_tokens, "-filebacked" if file_backed else "")
+                               plan.suffix_cap_tokens, drafter_files.calibration_tag(plan))
     return LoadPlan(config, path, model, context, placements.DraftShape(plan.draft_max, plan.draft_tree), draft,
                     placements.mode(plan.placement), plan, drafter,
                     max(plan.ram_budget - RELEASE_MARGIN, 1) if file_backed else None, notes, left_out)
