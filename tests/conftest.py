@@ -23,7 +23,7 @@ GEMMA = "gemma3-270m"
 # down by orders of magnitude. A test here that loads a model fails (see _models_refused).
 MODEL_FREE = {"test_acceptance", "test_plumbing", "test_policy", "test_recheck", "test_replay",
               "test_sampling", "test_suffix_index", "test_text", "test_gguf", "test_store",
-              "test_cli_models", "test_tree_search", "test_llama_patches"}
+              "test_cli_models", "test_tree_search", "test_llama_patches", "test_qmatmul"}
 
 
 def pytest_collection_modifyitems(items) -> None:

@@ -1,0 +1,115 @@
+"""native/qmatmul: the small-batch Q4_K/Q6_K verification matmul. Compiles the C tests and the
+library with the system C compiler, runs the C tests, and checks through ctypes that each row's
+result has the same bits whatever the batch size (1..64) and the row's place in it, on every
+path this CPU has, and that it is the dot of the blocks as gguf-py dequantizes them."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "native" / "qmatmul"
+CC = shutil.which("cc") or shutil.which("gcc")
+FLAGS = ["-O2", "-ffp-contract=off", "-Wall", "-Werror"]
+SCALAR, AVX2, AVX512 = 1, 2, 3
+Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+BLOCK = {Q4_K: 144, Q6_K: 210}
+Q8_K_BLOCK = 292  # float d, int8 qs[256], int16 bsums[16]
+
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("qmatmul")
+    subprocess.run([CC, *FLAGS, str(SRC / "qmatmul.c"), str(SRC / "test_qmatmul.c"), "-lm",
+                    "-o", str(out / "test_qmatmul")], check=True)
+    subprocess.run([CC, *FLAGS, "-shared", "-fPIC", str(SRC / "qmatmul.c"), "-lm",
+                    "-o", str(out / "libqmatmul.so")], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lib(build):
+    lib = ctypes.CDLL(str(build / "libqmatmul.so"))
+    for name in ("qmm_q4_K", "qmm_q6_K"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 3 + [ctypes.c_size_t]
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def test_c_tests_pass(build):
+    run = subprocess.run([str(build / "test_qmatmul")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all passed" in run.stdout
+    assert " differ in any bit" in run.stdout and "FAIL" not in run.stdout
+
+
+def weights(rng, qtype, rows: int, k: int) -> np.ndarray:
+    """Random blocks of qtype with decode-sized fp16 scales, shape (rows, bytes per row)."""
+    w = rng.integers(0, 256, size=(rows, k // 256, BLOCK[qtype]), dtype=np.uint8)
+    if qtype == Q4_K:
+        w[:, :, 0:2] = np.float16(rng.uniform(1, 2, size=(rows, k // 256)) / 2048).view(np.uint8).reshape(rows, k // 256, 2)
+        w[:, :, 2:4] = np.float16(rng.uniform(1, 2, size=(rows, k // 256)) / 4096).view(np.uint8).reshape(rows, k // 256, 2)
+    else:
+        w[:, :, 208:210] = np.float16(rng.uniform(1, 2, size=(rows, k // 256)) / 8192).view(np.uint8).reshape(rows, k // 256, 2)
+    return w.reshape(rows, -1)
+
+
+def activations(rng, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_K rows (bytes) and the values they stand for (float64)."""
+    nb = k // 256
+    qs = rng.integers(-127, 128, size=(rows, nb, 256), dtype=np.int8)
+    d = rng.uniform(0.001, 0.01, size=(rows, nb)).astype(np.float32)
+    blocks = np.zeros((rows, nb, Q8_K_BLOCK), dtype=np.uint8)
+    blocks[:, :, 0:4] = d.view(np.uint8).reshape(rows, nb, 4)
+    blocks[:, :, 4:260] = qs.view(np.uint8)
+    bsums = qs.reshape(rows, nb, 16, 16).astype(np.int16).sum(axis=3, dtype=np.int16)
+    blocks[:, :, 260:292] = bsums.view(np.uint8).reshape(rows, nb, 32)
+    values = (d[:, :, None].astype(np.float64) * qs).reshape(rows, k)
+    return blocks.reshape(rows, -1), values
+
+
+def matmul(lib, qtype, path: int, w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
+    m, n = w.shape[0], x.shape[0]
+    w, x = np.ascontiguousarray(w), np.ascontiguousarray(x)
+    y = np.full((n, m), np.nan, dtype=np.float32)
+    fn = lib.qmm_q4_K if qtype == Q4_K else lib.qmm_q6_K
+    rc = fn(path, k, 0, m, n, w.ctypes.data, x.ctypes.data, y.ctypes.data, m)
+    if rc != 0:
+        pytest.skip(f"path {path} not on this CPU")
+    return y
+
+
+@pytest.mark.parametrize("qtype", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+def test_dot_of_the_dequantized_blocks(lib, qtype):
+    rng = np.random.default_rng(1)
+    k, m = 1536, 24
+    w = weights(rng, qtype, m, k)
+    x, xv = activations(rng, 5, k)
+    wv = quants.dequantize(w, qtype).astype(np.float64).reshape(m, k)
+    exact, mag = xv @ wv.T, np.abs(xv) @ np.abs(wv).T
+    y = matmul(lib, qtype, SCALAR, w, x, k)
+    assert np.all(np.abs(y - exact) <= 1e-6 * mag)
+
+
+@pytest.mark.parametrize("path", [SCALAR, AVX2, AVX512], ids=["scalar", "avx2", "avx512vnni"])
+@pytest.mark.parametrize("qtype", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+def test_rows_keep_their_bits_whatever_the_batch(lib, qtype, path):
+    rng = np.random.default_rng(2)
+    k, m = 2304, 40
+    w = weights(rng, qtype, m, k)
+    x, _ = activations(rng, 64, k)
+    alone = np.stack([matmul(lib, qtype, SCALAR, w, x[r:r + 1], k)[0] for r in range(64)])
+    sizes = range(1, 65) if path != SCALAR else (2, 3, 5, 17, 64)
+    for n in sizes:
+        rows = rng.permutation(64)[:n]  # n rows, each at a random place
+        y = matmul(lib, qtype, path, w, x[rows], k)
+        assert np.array_equal(y.view(np.uint32), alone[rows].view(np.uint32)), f"n={n}"
