@@ -113,3 +113,34 @@ def test_rows_keep_their_bits_whatever_the_batch(lib, qtype, path):
         rows = rng.permutation(64)[:n]  # n rows, each at a random place
         y = matmul(lib, qtype, path, w, x[rows], k)
         assert np.array_equal(y.view(np.uint32), alone[rows].view(np.uint32)), f"n={n}"
+
+
+def _patch_module():
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location("llama_cpp_qmatmul", SRC / "llama_cpp_qmatmul.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_llama_cpp_patch_applies_once_and_needs_its_anchors(tmp_path):
+    mod = _patch_module()
+    for patch in mod.PATCHES:  # each anchor amid other text, as in the pinned llama.cpp
+        path = tmp_path / patch.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text((path.read_text() if path.exists() else "// head\n") + patch.old + "// tail\n")
+    assert mod.apply_all(tmp_path) == ["edgespec-qmatmul.c", "edgespec-qmatmul.h",
+                                       *(p.name for p in mod.PATCHES)]
+    assert mod.apply_all(tmp_path) == []
+    copied = (tmp_path / mod.CPU / "edgespec-qmatmul.c").read_text()
+    assert '#include "edgespec-qmatmul.h"' in copied and '#include "qmatmul.h"' not in copied
+    cpu = (tmp_path / mod.CPU / "ggml-cpu.c").read_text()
+    assert cpu.index("static bool edgespec_qmatmul_forward") < cpu.index("if (edgespec_qmatmul_forward(")
+    broken = tmp_path / "broken"
+    (broken / mod.CPU).mkdir(parents=True)
+    for patch in mod.PATCHES:
+        (broken / patch.path).write_text("// a llama.cpp without the anchors\n")
+    with pytest.raises(mod.PatchError, match="found 0 times"):
+        mod.apply_all(broken)

@@ -1,0 +1,155 @@
+"""Routes llama.cpp's CPU matmul of Q4_K and Q6_K weights through native/qmatmul, patched into the
+llama.cpp that llama-cpp-python vendors before a build:
+
+    python native/qmatmul/llama_cpp_qmatmul.py SRC   # SRC: llama-cpp-python's extracted source
+
+What it changes in vendor/llama.cpp/ggml/src/ggml-cpu: qmatmul.{c,h} are copied in as
+edgespec-qmatmul.{c,h} and added to the CPU backend's sources; ggml_compute_forward_mul_mat
+hands a 2-D Q4_K/Q6_K x F32 product to them before any other path (tiled, llamafile, vec_dot),
+for every batch size (in chunks of 64 rows), so a row's logits have the same bits in a one-token
+decode and in any verification batch; and Q4_K is no longer repacked on AVX2 (the repacked
+weights never reach ggml_compute_forward_mul_mat). Same rules as native/llama_cpp_patches.py:
+each patch replaces one anchored block; applying twice changes nothing; a missing anchor stops
+with one line.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CPU = "vendor/llama.cpp/ggml/src/ggml-cpu"
+MARK = "edgespec:"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    path: str   # relative to the llama-cpp-python source
+    old: str    # the exact text replaced, once
+    new: str    # contains MARK + name
+
+
+class PatchError(RuntimeError):
+    pass
+
+
+SOURCES = Patch(
+    "qmatmul-sources", f"{CPU}/CMakeLists.txt",
+    "        ggml-cpu/ggml-cpu.c\n        ggml-cpu/ggml-cpu.cpp\n",
+    "        ggml-cpu/ggml-cpu.c\n        ggml-cpu/ggml-cpu.cpp\n"
+    f"        # {MARK} qmatmul-sources\n"
+    "        ggml-cpu/edgespec-qmatmul.c\n        ggml-cpu/edgespec-qmatmul.h\n",
+)
+
+FORWARD_FN = Patch(
+    "qmatmul-forward-fn", f"{CPU}/ggml-cpu.c",
+    "void ggml_compute_forward_mul_mat(\n",
+    f"// {MARK} qmatmul-forward-fn\n"
+    "// Q4_K/Q6_K x F32, 2-D: each activation row to Q8_K (rows shared out by thread), then each\n"
+    "// thread its share of the output rows for up to 64 activation rows at a time. A row's result\n"
+    "// does not depend on the batch (native/qmatmul/qmatmul.h).\n"
+    "#include \"edgespec-qmatmul.h\"\n"
+    "static bool edgespec_qmatmul_forward(const struct ggml_compute_params * params, struct ggml_tensor * dst) {\n"
+    "    const struct ggml_tensor * src0 = dst->src[0];\n"
+    "    const struct ggml_tensor * src1 = dst->src[1];\n"
+    "    if (params->use_ref || (src0->type != GGML_TYPE_Q4_K && src0->type != GGML_TYPE_Q6_K) ||\n"
+    "        src1->type != GGML_TYPE_F32 || src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 ||\n"
+    "        src1->ne[3] != 1 || src0->nb[1] != ggml_row_size(src0->type, src0->ne[0]) ||\n"
+    "        src1->nb[0] != sizeof(float) || dst->nb[0] != sizeof(float) || qmm_best_path() == QMM_SCALAR) {\n"
+    "        return false;\n"
+    "    }\n"
+    "    const int ith = params->ith, nth = params->nth;\n"
+    "    const int64_t K = src0->ne[0], M = src0->ne[1], N = src1->ne[1];\n"
+    "    const size_t row = ggml_row_size(GGML_TYPE_Q8_K, K);\n"
+    "    char * wdata = params->wdata;\n"
+    "    GGML_ASSERT(params->wsize >= row*N);\n"
+    "    for (int64_t r = ith; r < N; r += nth) {\n"
+    "        type_traits_cpu[GGML_TYPE_Q8_K].from_float((const float *) ((const char *) src1->data + r*src1->nb[1]), wdata + r*row, K);\n"
+    "    }\n"
+    "    ggml_barrier(params->threadpool);\n"
+    "    const int o0 = (int) (M*ith/nth), o1 = (int) (M*(ith + 1)/nth);\n"
+    "    for (int64_t r0 = 0; r0 < N; r0 += QMM_MAX_ROWS) {\n"
+    "        const int n = (int) (N - r0 < QMM_MAX_ROWS ? N - r0 : QMM_MAX_ROWS);\n"
+    "        const qmm_block_q8_K * x = (const qmm_block_q8_K *) (wdata + r0*row);\n"
+    "        float * y = (float *) ((char *) dst->data + r0*dst->nb[1]);\n"
+    "        const size_t ldy = dst->nb[1]/sizeof(float);\n"
+    "        const int rc = src0->type == GGML_TYPE_Q4_K\n"
+    "            ? qmm_q4_K(QMM_AUTO, (int) K, o0, o1, n, (const qmm_block_q4_K *) src0->data, x, y, ldy)\n"
+    "            : qmm_q6_K(QMM_AUTO, (int) K, o0, o1, n, (const qmm_block_q6_K *) src0->data, x, y, ldy);\n"
+    "        GGML_ASSERT(rc == 0);\n"
+    "    }\n"
+    "    return true;\n"
+    "}\n\n"
+    "void ggml_compute_forward_mul_mat(\n",
+)
+
+FORWARD_CALL = Patch(
+    "qmatmul-forward-call", f"{CPU}/ggml-cpu.c",
+    "    // If tiled is supported, it will execute the full op here and we return\n",
+    f"    if (edgespec_qmatmul_forward(params, dst)) {{  // {MARK} qmatmul-forward-call\n"
+    "        return;\n"
+    "    }\n\n"
+    "    // If tiled is supported, it will execute the full op here and we return\n",
+)
+
+NO_Q4K_REPACK = Patch(
+    "qmatmul-no-q4k-repack", f"{CPU}/repack.cpp",
+    "    } else if (cur->type == GGML_TYPE_Q4_K) {\n        if (ggml_cpu_has_avx2()) {\n",
+    "    } else if (cur->type == GGML_TYPE_Q4_K) {\n"
+    f"        if (false && ggml_cpu_has_avx2()) {{  // {MARK} qmatmul-no-q4k-repack: qmatmul takes Q4_K\n",
+)
+
+PATCHES = (SOURCES, FORWARD_FN, FORWARD_CALL, NO_Q4K_REPACK)
+COPIES = {"qmatmul.c": "edgespec-qmatmul.c", "qmatmul.h": "edgespec-qmatmul.h"}
+
+
+def apply(text: str, patch: Patch) -> str:
+    """``text`` with ``patch`` applied; unchanged if it already is; PatchError if its anchor is
+    not there exactly once."""
+    if f"{MARK} {patch.name}" in text:
+        if patch.new in text:
+            return text
+        raise PatchError(f"{patch.path}: an older {patch.name} patch is applied")
+    count = text.count(patch.old)
+    if count != 1:
+        raise PatchError(f"{patch.path}: anchor of {patch.name} found {count} times, not once")
+    return text.replace(patch.old, patch.new)
+
+
+def apply_all(root: Path) -> list[str]:
+    """Copies the kernel into the tree and applies every patch; the names of those that changed
+    something."""
+    changed = []
+    for src, dst in COPIES.items():
+        text = (HERE / src).read_text().replace('#include "qmatmul.h"', '#include "edgespec-qmatmul.h"')
+        target = root / CPU / dst
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+            changed.append(dst)
+    for patch in PATCHES:
+        path = root / patch.path
+        text = path.read_text()
+        new = apply(text, patch)
+        if new != text:
+            path.write_text(new)
+            changed.append(patch.name)
+    return changed
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    try:
+        changed = apply_all(Path(argv[1]))
+    except (PatchError, OSError) as exc:
+        print(f"llama_cpp_qmatmul: {exc}", file=sys.stderr)
+        return 1
+    print("llama_cpp_qmatmul: " + (", ".join(changed) if changed else "already applied"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
