@@ -64,7 +64,8 @@ def _summary(p: LoadPlan | str) -> dict:
     q = p.plan
     return {"available": True, "n_gpu_layers": q.n_gpu_layers, "drafter": q.drafter_placement,
             "ram_bytes": q.ram_bytes, "vram_bytes": q.vram_bytes, "kv_type": q.kv_type, "n_ctx": q.n_ctx,
-            "weights": q.weights_mode, "draft_max": q.draft_max, "draft_tree": q.draft_tree}
+            "weights": q.weights_mode, "draft_max": q.draft_max, "draft_tree": q.draft_tree,
+            "expected_tokens_per_s": q.expected_tokens_per_s, "plain_tokens_per_s": q.plain_tokens_per_s}
 
 
 def _print_placements(out: Console, others: dict[str, LoadPlan | str], chosen: str | None) -> None:
@@ -79,9 +80,11 @@ def _print_placements(out: Console, others: dict[str, LoadPlan | str], chosen: s
         if not o["available"]:
             t.add_row(mark, "-", "-", "-", "-", "needs a GPU (below)" if o["why"] in no_gpu else o["why"])
             continue
+        speed = "" if o["plain_tokens_per_s"] is None else \
+            f"; ~{o['expected_tokens_per_s'] / o['plain_tokens_per_s']:.2f}x plain at this budget (estimate)"
         t.add_row(mark, str(o["n_gpu_layers"]), o["drafter"], fb(o["ram_bytes"]), fb(o["vram_bytes"]),
                   f"{o['kv_type']} cache, context {o['n_ctx']}, {o['weights']} weights, drafts up to "
-                  f"{o['draft_max']}" + (", trees" if o["draft_tree"] else ""))
+                  f"{o['draft_max']}" + (", trees" if o["draft_tree"] else "") + speed)
     out.print(t)
     for why in sorted(no_gpu):
         out.print(f"[yellow]note:[/yellow] {why}")
@@ -126,5 +129,9 @@ def _print_plan(out: Console, lp: LoadPlan) -> None:
     for x in p.decisions:
         d.add_row(x.name, str(x.value), x.why)
     out.print(d)
+    if p.plain_tokens_per_s is not None:
+        out.print(f"Expected speed (estimate, edgespec.memory.speed): ~{p.expected_tokens_per_s:.0f} tok/s; plain "
+                  f"decoding at these budgets (the target alone, {p.plain_n_gpu_layers} layers on the GPU): "
+                  f"~{p.plain_tokens_per_s:.0f} tok/s")
     for w in p.warnings:
         out.print(f"[yellow]note:[/yellow] {w}")

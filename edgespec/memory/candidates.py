@@ -126,6 +126,15 @@ class Plan:
     decisions: list[Decision] = field(default_factory=list)
     llama_cpp_reports: dict = field(default_factory=dict)  # what llama.cpp's log will say
     warnings: list[str] = field(default_factory=list)
+    # Expected decoding speeds (edgespec.memory.speed: estimates for comparing layouts): this
+    # layout's, and plain decoding's at the same budgets (the target alone, as many layers on the
+    # GPU as they hold; None without a GPU to compare on), with a note when this layout is slower
+    # or splits a target the budget holds whole.
+    expected_tokens_per_s: float | None = None
+    plain_tokens_per_s: float | None = None
+    plain_n_gpu_layers: int | None = None
+    plain_placement: str | None = None
+    plain_note: str | None = None
 
     @property
     def reasons(self) -> list[str]:

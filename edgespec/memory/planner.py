@@ -18,10 +18,16 @@ from edgespec.memory import placements
 from edgespec.memory.candidates import (RANKING, SUFFIX_CAPS, UBATCH_CHOICES, Candidate, Decision, Evaluation,
                                         Evaluator, Part, Plan, ShapeChoice, ctx_options, describe, fmt_bytes,
                                         layouts)
+from edgespec.llama.kernels import op_offload_min_batch
 from edgespec.memory.explain import build_plan
 from edgespec.memory.footprint import ENGINE_N_BATCH, ContextFootprint, ModelFootprint, estimate_context, estimate_model
 from edgespec.memory.machine import (GPUDevice, MachineInfo, default_ram_budget, default_threads,
                                      default_vram_budget, machine)
+from edgespec.memory.speed import MEASURED, PassCosts, SpeedModel
+
+# A speculative layout counts as below plain decoding when its expected speed is more than this
+# much under plain's at the same budget: the speed model ranks layouts, it does not time them.
+BELOW_PLAIN = 0.02
 
 # The planner's public surface includes the footprint and machine types it plans with.
 __all__ = ["RANKING", "ContextFootprint", "Decision", "GPUDevice", "KV_CACHE_TYPES", "MachineInfo",
@@ -35,7 +41,8 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
               repack: bool | None = None, threads: int | None = None, placement: str | None = None,
               external_drafter=None, drafter_required: bool = False, long_drafts: bool = True,
               cpu_target: bool = False, target_repack: bool | None = None,
-              flash_attn: bool | None = None) -> Plan:
+              flash_attn: bool | None = None, pass_costs: PassCosts | None = None,
+              compare_plain: bool = True) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
 
     Args:
@@ -58,6 +65,11 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
             following ``repack``.
         flash_attn: force the target's attention kernel (None: default_flash_attn's choice per
             candidate); off plans only f16 caches, which are the only ones llama.cpp runs without it.
+        pass_costs: what a decode pass costs here (edgespec.memory.speed; None: the measured curves).
+        compare_plain: with a GPU, plan plain decoding at the same budgets (the target alone,
+            as many layers on the GPU as they hold) and choose no layout expected slower than it;
+            a forced placement that is, or a split one where the budget holds the whole target,
+            gets ``Plan.plain_note``.
     Raises:
         InvalidRequest: a context above the trained context, or out-of-range arguments.
         PlacementUnavailable: a forced placement needs a GPU this machine or build lacks.
@@ -72,29 +84,79 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
     ram_given, vram_given = ram_budget is not None, vram_budget is not None
     ram_budget, vram_budget = _budgets(m, ram_budget, vram_budget)
 
-    def search(shape: placements.DraftShape, where: str | None) -> tuple[Evaluator, Evaluation, list[Evaluation]]:
+    speed = SpeedModel(target, drafter, threads or default_threads(m), op_offload_min_batch(),
+                       pass_costs or MEASURED)
+    plain = None
+    gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0
+    if compare_plain and gpu and not cpu_target:  # exact mode keeps the target on the CPU regardless
+        plain = _plain_at_budget(target, m, ram_budget, vram_budget, n_ctx, mmap, repack, threads, target_repack,
+                                 flash_attn, kv_type)
+
+    def search(shape: placements.DraftShape, where: str | None,
+               floor: float | None = None) -> tuple[Evaluator, Evaluation, list[Evaluation]]:
         pl = Evaluator(target, drafter, m, ram_budget, vram_budget, suffix, shape.draft_max, shape.tree, mmap,
                        repack, external_drafter, drafter_required, target_repack, flash_attn)
         evals = _candidates(pl, target, drafter, where, kv_type, n_ubatch, mmap, repack, n_ctx, cpu_target)
-        return pl, _best(pl, evals, target, drafter, where, n_ctx, ram_given), evals
+        rate = None if floor is None else (lambda e: speed.speculative(e.ngl, e.cfg.drafter, shape.draft_max))
+        return pl, _best(pl, evals, target, drafter, where, n_ctx, ram_given, rate, floor), evals
 
     # The placement is chosen with chains (what was asked stays asked); where `auto` drafts
     # longer by default, it is planned again with that shape (_longer_shape).
     chains = placements.CHAINS.given(draft_max, draft_tree)
-    pl, best, evals = search(chains, placement)
+    floor = None if plain is None or placement is not None else speed.plain(plain.n_gpu_layers)
+    pl, best, evals = search(chains, placement, floor)
     choice = _longer_shape(search, best, chains, draft_max, draft_tree) if long_drafts else \
         ShapeChoice(chains, (draft_max, draft_tree), auto=False)
     if choice.plan is not None:
         pl, best, evals = choice.plan
-    return build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads, placement,
-                      choice)
+    out = build_plan(pl, best, evals, target, drafter, m, ram_given, vram_given, n_ctx, mlock, threads, placement,
+                     choice)
+    out.expected_tokens_per_s = speed.speculative(best.ngl, best.cfg.drafter, choice.shape.draft_max)
+    if plain is not None:
+        _compare_with_plain(out, plain, speed, target, placement)
+    return out
+
+
+def _plain_at_budget(target: ModelFootprint, m: MachineInfo, ram_budget: int, vram_budget: int,
+                     n_ctx: int | None, mmap: bool | None, repack: bool | None, threads: int | None,
+                     target_repack: bool | None, flash_attn: bool | None, kv_type: str | None) -> Plan | None:
+    """The planner's plan for plain decoding at these budgets: the target alone, no drafter and no
+    suffix index, as many layers on the GPU as the budget holds (None: it fits nowhere)."""
+    try:
+        return make_plan(target, None, ram_budget, vram_budget, n_ctx, machine_info=m, suffix=False, mmap=mmap,
+                         repack=repack, threads=threads, target_repack=target_repack, flash_attn=flash_attn,
+                         kv_type=kv_type, long_drafts=False, compare_plain=False)
+    except BudgetExceeded:
+        return None
+
+
+def _compare_with_plain(p: Plan, plain: Plan, speed: SpeedModel, target: ModelFootprint,
+                        forced: str | None) -> None:
+    """Records plain decoding at the plan's budgets and notes a layout that is not worth it."""
+    p.plain_n_gpu_layers, p.plain_placement = plain.n_gpu_layers, plain.placement
+    p.plain_tokens_per_s = speed.plain(plain.n_gpu_layers)
+    whole = target.n_layer + 1
+    at = (f"plain decoding at this budget (the target alone, {plain.n_gpu_layers}/{whole} layers on the GPU) "
+          f"is expected at ~{p.plain_tokens_per_s:.0f} tok/s")
+    if forced is not None and placements.mode(forced).target == "split" and plain.n_gpu_layers == whole:
+        p.plain_note = (f"placement {forced} is pointless here: the {fmt_bytes(p.vram_budget)} VRAM budget holds "
+                        f"the whole target, and {at} against ~{p.expected_tokens_per_s:.0f} for this layout; "
+                        "drop --placement (or use --placement gpu)")
+    elif p.expected_tokens_per_s < p.plain_tokens_per_s * (1 - BELOW_PLAIN):
+        how = f"placement {forced}" if forced else "no layout with the drafter"
+        p.plain_note = (f"{how} is expected at ~{p.expected_tokens_per_s:.0f} tok/s, below plain: {at}"
+                        + ("; drop --placement to let the planner choose" if forced else ""))
 
 
 def _best(pl: Evaluator, evals: list[Evaluation], target: ModelFootprint, drafter: ModelFootprint | None,
-          where: str | None, n_ctx: int | None, ram_given: bool) -> Evaluation:
-    """The fitting candidate of least penalty (then least RAM); BudgetExceeded, with the smallest
-    RAM budget any plan at this context fits in, when none fits."""
+          where: str | None, n_ctx: int | None, ram_given: bool, rate=None, floor: float | None = None) -> Evaluation:
+    """The fitting candidate of least penalty (then least RAM) among those whose expected speed
+    (``rate``) is not below plain decoding's at the same budget (``floor``; where none is, the
+    fastest); BudgetExceeded, with the smallest RAM budget any plan at this context fits in,
+    when none fits."""
     fitting = [e for e in evals if e.fits]
+    if fitting and floor is not None:
+        fitting = [e for e in fitting if rate(e) >= floor * (1 - BELOW_PLAIN)] or [max(fitting, key=rate)]
     if not fitting and where is not None and placements.mode(where).needs_gpu:
         _refuse_vram(pl, evals, target, where)
     if not fitting:
