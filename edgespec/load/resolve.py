@@ -34,8 +34,13 @@ from edgespec.memory.machine import MachineInfo
 EXACT_PLAN = {"target_repack": False, "kv_type": invariant.KV_TYPE, "cpu_target": True}
 
 
-def resolve(config: EngineConfig, machine: MachineInfo, store: ModelStore) -> LoadPlan:
+def resolve(config: EngineConfig, machine: MachineInfo, store: ModelStore, *,
+            keep_drafter: bool = False) -> LoadPlan:
     """What ``config`` loads on ``machine`` from ``store``.
+
+    ``keep_drafter``: `auto`'s drafter model stays in the plan (where it fits) even where its
+    calibration says it cannot pay, for a caller that also drafts with the model itself (the
+    bench's `model` configurations beside `auto`, which then decides per step as ever).
 
     Raises:
         ModelNotFound / InvalidGGUF: a model cannot be found or read.
@@ -53,7 +58,7 @@ def resolve(config: EngineConfig, machine: MachineInfo, store: ModelStore) -> Lo
         raise InvalidRequest(f"context {config.n_ctx} exceeds the model's trained context {trained}; "
                              f"use --ctx {trained} or less")
     if config.planned:
-        return _placed(config, path, target, machine, store)
+        return _placed(config, path, target, machine, store, keep_drafter)
     return _as_asked(config, path, target, machine, store)
 
 
@@ -118,16 +123,17 @@ def _plan(config: EngineConfig, target: ModelFootprint, drafters: _Drafters, dra
 
 
 def _placed(config: EngineConfig, path: Path, target_file: ModelFile, m: MachineInfo,
-            store: ModelStore) -> LoadPlan:
+            store: ModelStore, keep_drafter: bool = False) -> LoadPlan:
     """The planner's placement within the budgets, with `auto`'s drafter left out where its
-    calibration says it cannot pay, and a drafter model that does not fit swapped for the
-    suffix drafter (both stated in the notes)."""
+    calibration says it cannot pay (unless ``keep_drafter``), a drafter model that does not fit
+    swapped for the suffix drafter, and a layout expected slower than plain decoding at the same
+    budgets (planner.Plan.plain_note), all stated in the notes."""
     target = replace(footprint_of(target_file), name=config.model)
     d = _drafters(config, target_file, store)
     notes, suffix, dfp = list(d.notes), d.suffix, d.footprint
     plan = _plan(config, target, d, dfp, suffix, m)
     left_out = None
-    if config.draft == "auto" and dfp is not None and plan.drafter_placement != "none":
+    if config.draft == "auto" and dfp is not None and plan.drafter_placement != "none" and not keep_drafter:
         why = drafter_files.auto_skips_drafter(plan, path, d.path, store)
         if why:  # calibration says it cannot pay here: plan (and load) without it
             notes.append(why)
@@ -144,6 +150,8 @@ def _placed(config: EngineConfig, path: Path, target_file: ModelFile, m: Machine
                 plan = _plan(config, target, d, None, True, m)
             except BudgetExceeded:
                 pass  # what fits: the sequences alone (_sequences)
+    if plan.plain_note:
+        notes.append(plan.plain_note)
     plan.warnings[:0] = notes
     return _from_plan(config, path, plan, draft, allowed, tuple(notes), left_out)
 
