@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from edgespec.bench.peers import NATIVE_PLAIN
-from edgespec.bench.summary import OVERALL, PLAIN, Record, has_native_plain, summarize
+from edgespec.bench.summary import IN_LAYOUT, OVERALL, PLAIN, Record, has_native_plain, summarize
 
 
 def _cell(c: dict | None) -> str:
@@ -14,8 +14,21 @@ def _cell(c: dict | None) -> str:
     return f"{ratio} · {speed}{emitted}"
 
 
-def _native_cell(c: dict | None) -> str:
-    return "-" if c is None or c.get("speedup_native") is None else f"{c['speedup_native']:.2f}x"
+def _ratio_cell(c: dict | None, key: str) -> str:
+    return "-" if c is None or c.get(key) is None else f"{c[key]:.2f}x"
+
+
+def baseline_line(settings: dict) -> str:
+    """What `plain` was in this run (settings["baseline"], edgespec.bench.runner.baseline)."""
+    b = settings.get("baseline")
+    if not b:
+        return "Plain: plain decoding of the same load."
+    where = f"{b['n_gpu_layers']} target layers on the GPU" + (f" ({b['placement']} placement)" if b["placement"] else "")
+    if not b["separate_load"]:
+        return f"Plain: the best plain decoding at these budgets, in the same load ({where})."
+    return (f"Plain: the best plain decoding at these budgets, the target alone with {where}, run first on its own "
+            f"load; `{IN_LAYOUT}` is plain decoding in the speculative layout ({b['layout_n_gpu_layers']} target "
+            "layers on the GPU), a secondary baseline.")
 
 
 def markdown(result: dict, title: str, command: str) -> str:
@@ -28,7 +41,8 @@ def markdown(result: dict, title: str, command: str) -> str:
              f"Machine: {m['cpu']}, {m['physical_cores']} cores, {m['threads']} threads, "
              f"llama-cpp-python {m['llama_cpp_python']}, edgespec {m['edgespec']} "
              f"(commit {str(m.get('git_commit'))[:10]}).", "",
-             "Each cell: speedup over plain in the same run · tokens/s (mean emitted tokens per step).", "",
+             "Each cell: speedup over plain in the same run · tokens/s (mean emitted tokens per step).",
+             baseline_line(result.get("settings", {})), "",
              "| config | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
     for cfg, cells in summary.items():
         lines.append(f"| {cfg} | " + " | ".join(_cell(cells.get(c)) for c in cats) + " |")
@@ -36,7 +50,12 @@ def markdown(result: dict, title: str, command: str) -> str:
         lines += ["", f"Speedup over native plain decoding ({NATIVE_PLAIN}) in the same run:", "",
                   "| config | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
         for cfg, cells in summary.items():
-            lines.append(f"| {cfg} | " + " | ".join(_native_cell(cells.get(c)) for c in cats) + " |")
+            lines.append(f"| {cfg} | " + " | ".join(_ratio_cell(cells.get(c), "speedup_native") for c in cats) + " |")
+    if IN_LAYOUT in summary:
+        lines += ["", f"Secondary: speedup over plain decoding in the speculative layout ({IN_LAYOUT}):", "",
+                  "| config | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+        for cfg, cells in summary.items():
+            lines.append(f"| {cfg} | " + " | ".join(_ratio_cell(cells.get(c), "speedup_in_layout") for c in cats) + " |")
     same = [r for r in records if r.same_as_plain is not None]
     if same:
         lines += ["", "Greedy output identical to plain decoding: " + ", ".join(

@@ -16,6 +16,13 @@ flipped a greedy near-tie would otherwise change what the next turn sees). Plain
 first (see ``interleaved_order``); every turn is timed on its own, its prompt evaluated like any
 other. The history is in the prompt, so a suffix drafter, which indexes the whole prompt,
 drafts from the earlier turns and answers.
+
+The ``plain`` baseline is the best plain decoding at the run's budgets (``load_plans``): under a
+VRAM budget, or a placement made for a drafter (offload, draft-gpu, overlap), the target alone
+with as many layers on the GPU as the budget holds. Where that is another layout than the
+speculative configurations' (a whole target on the GPU instead of a split one), plain runs first
+with its own load, every prompt and turn in order, and the speculative layout's plain decoding
+runs interleaved as the secondary ``plain-in-layout``.
 """
 from __future__ import annotations
 
@@ -27,11 +34,15 @@ from dataclasses import asdict, dataclass, field, replace
 from edgespec.bench import peers
 from edgespec.bench.machine import describe
 from edgespec.bench.prompts import BenchPrompt, conversation
-from edgespec.bench.summary import PLAIN, Record, interleaved_order, summarize
+from edgespec.bench.summary import IN_LAYOUT, PLAIN, Record, interleaved_order, summarize
 from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of
 from edgespec.drafters.factory import make_drafter
 from edgespec.engine import Engine, EngineConfig
+from edgespec.files.store import ModelStore
+from edgespec.load import LoadPlan, resolve
 from edgespec.memory import placements
+from edgespec.memory.machine import MachineInfo, default_ram_budget, machine
+from edgespec.units import format_bytes
 from edgespec.errors import InvalidRequest
 from edgespec.decode.events import DoneEvent
 from edgespec.decode.loop import Decoder
@@ -48,6 +59,9 @@ TURNS = ("first", "all")  # bench --turns: the first user turn only, or each con
 # `X+recheck`: configuration X re-checking greedy near-ties at --recheck-gap (SpeculativeStep),
 # so one run compares X with and without re-checks on the same prompts and the same plain.
 RECHECK = "+recheck"
+# Placements that exist for a drafter (the target split or on the CPU beside a drafter on the
+# GPU): plain decoding at the same budgets is placed by the planner instead.
+DRAFTER_PLACEMENTS = tuple(n for n, m in placements.MODES.items() if m.drafter == "gpu" and m.target != "gpu")
 
 
 def base_config(config: str) -> str:
@@ -144,7 +158,7 @@ class _Runners:
 
     def runner(self, config: str):
         """A fresh drafter per call (no history carried between prompts), sharing the model."""
-        if config == PLAIN:
+        if config in (PLAIN, IN_LAYOUT):
             return Decoder(self.engine.model, self.engine.seq)
         base = base_config(config)
         kind = "model" if base == "model-tree" else base
@@ -181,40 +195,101 @@ def _peer_record(p: BenchPrompt, config: str, repeat: int, turn: int, r: peers.P
                   prompt_tokens=raw.get("encoded_tokens", raw.get("prompt_tokens", 0)))
 
 
+def plain_config(engine: EngineConfig, m: MachineInfo) -> EngineConfig | None:
+    """Plain decoding's load at the run's budgets: the target alone, no drafter, placed by the
+    planner with the same budgets (those not given: what the machine has free, as the run's);
+    a placement made for a drafter (DRAFTER_PLACEMENTS) is not plain's, `gpu` and `cpu` are
+    kept. None when nothing is planned (no budget, no placement)."""
+    if not engine.planned:
+        return None
+    plain = replace(engine, draft=None, draft_max=None, draft_tree=None, n_seq_max=1,
+                    placement=None if engine.placement in DRAFTER_PLACEMENTS else engine.placement)
+    return plain if plain.planned else replace(plain, ram_budget=default_ram_budget(m))
+
+
+def load_plans(settings: BenchSettings, configs: list[str], m: MachineInfo | None = None,
+               store: ModelStore | None = None) -> tuple[LoadPlan, LoadPlan | None]:
+    """What the run loads: the speculative configurations' shared target, and plain decoding's
+    own load where the best plain at the run's budgets is another layout (None: plain runs in
+    the speculative layout, which is then the best plain). A `model` configuration keeps the
+    drafter model in the shared plan wherever it fits, whatever `auto`'s calibration says of it
+    (`auto` still decides per step)."""
+    m, store = m or machine(), store or ModelStore()
+    shared = resolve(_engine_config(settings.engine, configs), m, store,
+                     keep_drafter=any(base_config(c) in MODEL_CONFIGS for c in configs))
+    alone = plain_config(settings.engine, m)
+    if alone is None:
+        return shared, None
+    plain = resolve(alone, m, store)
+    return shared, (None if _layout(plain) == _layout(shared) else plain)
+
+
+def _layout(lp: LoadPlan) -> tuple:
+    """What sets a load's plain decoding speed: where the target's layers are and how its weights
+    and attention run."""
+    return (lp.model.n_gpu_layers, lp.model.no_host, lp.model.repack, lp.model.use_mmap, lp.file_backed,
+            lp.context.kv_type, lp.context.flash_attn, lp.context.op_offload)
+
+
+def baseline(shared: LoadPlan, plain: LoadPlan | None) -> dict:
+    """The run's baseline, as its results record it (settings["baseline"])."""
+    best = plain or shared
+    p = best.plan
+    return {"config": PLAIN, "separate_load": plain is not None, "in_layout": IN_LAYOUT if plain else None,
+            "placement": best.mode.name if best.mode else None, "n_gpu_layers": best.model.n_gpu_layers,
+            "layout_n_gpu_layers": shared.model.n_gpu_layers,
+            "expected_tokens_per_s": p.plain_tokens_per_s if p is not None else None,
+            "layout_expected_tokens_per_s": shared.plan.expected_tokens_per_s if shared.plan is not None else None}
+
+
 def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSettings,
               progress: Callable[[int, int, str, str], None] | None = None) -> BenchResult:
-    """Runs every (repeat, prompt, config) in interleaved order and returns all records."""
+    """Runs every (repeat, prompt, config) in interleaved order and returns all records; plain
+    first on its own load where the best plain at the budgets is another layout (load_plans)."""
     configs = validate_configs(configs, settings.engine.recheck_gap)
     if settings.engine.exact and "model-tree" in map(base_config, configs):
         raise InvalidRequest("model-tree drafts trees, which exact mode does not verify: drop it or --exact")
-    engine = Engine(_engine_config(settings.engine, configs))
-    runners = _Runners(engine, settings, trees=engine.load_plan.shape.tree
-                       or any(base_config(c) == "model-tree" for c in configs))
-    shape = engine.load_plan.shape  # what auto drafted (the others: chains of draft_max)
-    result = BenchResult(describe(engine.ctx.n_threads), dict(settings.to_dict(), configs=configs,
-                                                              draft_max=shape.draft_max, draft_tree=shape.tree))
+    shared, alone = load_plans(settings, configs)
     by_id = {p.id: p for p in prompts}
     turns = {p.id: p.n_turns for p in prompts} if settings.turns == "all" else None
-    order = interleaved_order([p.id for p in prompts], configs, settings.repeats, turns)
+    ids = [p.id for p in prompts]
+    # (load, its order of runs): plain alone first where it has a load of its own
+    phases = [(shared, interleaved_order(ids, configs, settings.repeats, turns))]
+    if alone is not None:
+        phases = [(alone, interleaved_order(ids, [], settings.repeats, turns)),
+                  (shared, interleaved_order(ids, [IN_LAYOUT if c == PLAIN else c for c in configs],
+                                             settings.repeats, turns, first=IN_LAYOUT))]
+    total = sum(len(order) for _, order in phases)
+    trees = shared.shape.tree or any(base_config(c) == "model-tree" for c in configs)
+    records: list[Record] = []
     plain_text: dict[tuple[int, str, int], str] = {}  # plain's answer per (repeat, prompt, turn)
-    try:
-        for n, (repeat, pid, turn, config) in enumerate(order):
-            p = by_id[pid]
-            if progress:
-                progress(n, len(order), pid if turn == 1 else f"{pid} turn {turn}", config)
-            answers = [plain_text[(repeat, pid, t)] for t in range(1, turn)]
-            rec = _run_one(engine, runners, p, answers, config, repeat, settings)
-            if rec is None:
-                continue
-            if config == PLAIN:
-                plain_text[(repeat, pid, turn)] = rec.text
-            elif (repeat, pid, turn) in plain_text:
-                rec.same_as_plain = rec.text == plain_text[(repeat, pid, turn)]
-            result.records.append(rec)
-    finally:
-        runners.close()
-        engine.close()
-    return result
+    n = 0
+    for lp, order in phases:
+        engine = Engine(lp.config, plan=lp)
+        runners = _Runners(engine, settings, trees=trees)
+        try:
+            if lp is shared:
+                threads = engine.ctx.n_threads
+            for repeat, pid, turn, config in order:
+                p = by_id[pid]
+                if progress:
+                    progress(n, total, pid if turn == 1 else f"{pid} turn {turn}", config)
+                n += 1
+                answers = [plain_text[(repeat, pid, t)] for t in range(1, turn)]
+                rec = _run_one(engine, runners, p, answers, config, repeat, settings)
+                if rec is None:
+                    continue
+                if config == PLAIN:
+                    plain_text[(repeat, pid, turn)] = rec.text
+                elif (repeat, pid, turn) in plain_text:
+                    rec.same_as_plain = rec.text == plain_text[(repeat, pid, turn)]
+                records.append(rec)
+        finally:
+            runners.close()
+            engine.close()
+    shape = shared.shape  # what auto drafted (the others: chains of draft_max)
+    return BenchResult(describe(threads), dict(settings.to_dict(), configs=configs, draft_max=shape.draft_max,
+                                               draft_tree=shape.tree, baseline=baseline(shared, alone)), records)
 
 
 def _engine_config(engine: EngineConfig, configs: list[str]) -> EngineConfig:
@@ -250,13 +325,16 @@ def _run_one(engine, runners, p: BenchPrompt, answers: list[str], config: str, r
             r = peers.run(config, _render(engine, p, answers),
                           target_path=engine.model.path, draft_path=_peer_draft_path(engine, settings),
                           max_tokens=settings.max_tokens, threads=engine.ctx.n_threads, ctx=settings.engine.n_ctx,
-                          flash_attn=settings.engine.flash_attn is not False)
+                          flash_attn=settings.engine.flash_attn is not False,
+                          gpu_layers=peers.gpu_layers_of(engine.load_plan))
         except peers.PeerUnavailable as exc:
             log.warning("%s skipped: %s", config, exc)
             return None
         return _peer_record(p, config, repeat, turn, r)
     if base_config(config) in MODEL_CONFIGS and not runners.model_allowed:
-        log.warning("%s skipped: the drafter model does not fit the RAM budget", config)
+        p_ = engine.load_plan.plan
+        log.warning("%s skipped: the drafter model does not fit the %s RAM / %s VRAM budgets of the %s placement",
+                    config, format_bytes(p_.ram_budget), format_bytes(p_.vram_budget), p_.placement)
         return None
     tokens = _prompt_tokens(engine, p, answers)
     shared_s = 0.0

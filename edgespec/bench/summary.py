@@ -12,6 +12,12 @@ Records of a later conversation turn (``bench --turns all``) form a group of the
 run has native plain decoding (``peer:llama.cpp-plain``), every cell also carries
 ``speedup_native``: the same ratio over native plain, so native peers are measured against
 their own baseline as well as against edgespec's plain.
+
+``plain`` is the best plain decoding at the run's budgets: under a VRAM budget or a drafter's
+placement (offload, draft-gpu, overlap) that is the target alone with as many layers on the GPU
+as the budget holds, which may be another load than the speculative configurations' (bench
+runs it first, on its own). Plain decoding in the speculative configurations' layout is then the
+secondary ``plain-in-layout``, and every cell carries ``speedup_in_layout`` over it as well.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from statistics import mean
 from edgespec.bench.peers import NATIVE_PLAIN
 
 PLAIN = "plain"
+IN_LAYOUT = "plain-in-layout"  # plain decoding in the speculative layout, where that is not the best plain
 OVERALL = "overall"
 
 
@@ -65,7 +72,8 @@ class Record:
         return d
 
 
-def _cell(records: list[Record], plain_tps: float | None, native_tps: float | None) -> dict:
+def _cell(records: list[Record], plain_tps: float | None, native_tps: float | None,
+          in_layout_tps: float | None = None) -> dict:
     tps = mean(r.tokens_per_s for r in records)
     steps = sum(r.steps for r in records)
     # A step's accepted drafts past an end token or stop string never reach the output: at most
@@ -75,6 +83,7 @@ def _cell(records: list[Record], plain_tps: float | None, native_tps: float | No
         "tokens_per_s": tps,
         "speedup": tps / plain_tps if plain_tps else None,
         "speedup_native": tps / native_tps if native_tps else None,
+        "speedup_in_layout": tps / in_layout_tps if in_layout_tps else None,
         "mean_emitted": emitted / steps if steps else None,
         "prompts": len({r.id for r in records}),
         "acceptance_rate": (sum(r.accepted for r in records) / sum(r.drafted for r in records)
@@ -91,17 +100,19 @@ def _baseline(records: list[Record], config: str) -> tuple[dict[str, float], flo
 
 
 def summarize(records: list[Record]) -> dict[str, dict[str, dict]]:
-    """summary[config][group or "overall"] = {tokens_per_s, speedup, speedup_native, mean_emitted, ...}."""
-    configs = list(dict.fromkeys(r.config for r in records))
+    """summary[config][group or "overall"] = {tokens_per_s, speedup, speedup_native,
+    speedup_in_layout, mean_emitted, ...}, plain first."""
+    configs = list(dict.fromkeys([PLAIN] * any(r.config == PLAIN for r in records) + [r.config for r in records]))
     groups = list(dict.fromkeys(r.group for r in records))
     plain, plain_all = _baseline(records, PLAIN)
     native, native_all = _baseline(records, NATIVE_PLAIN)
+    in_layout, in_layout_all = _baseline(records, IN_LAYOUT)
     out: dict[str, dict[str, dict]] = {}
     for cfg in configs:
         rows = [r for r in records if r.config == cfg]
-        out[cfg] = {g: _cell([r for r in rows if r.group == g], plain.get(g), native.get(g))
+        out[cfg] = {g: _cell([r for r in rows if r.group == g], plain.get(g), native.get(g), in_layout.get(g))
                     for g in groups if any(r.group == g for r in rows)}
-        out[cfg][OVERALL] = _cell(rows, plain_all, native_all)
+        out[cfg][OVERALL] = _cell(rows, plain_all, native_all, in_layout_all)
         spread = _repeat_spread(records, cfg)
         if spread is not None:
             out[cfg][OVERALL]["speedup_min"], out[cfg][OVERALL]["speedup_max"] = spread
@@ -128,12 +139,12 @@ def _repeat_spread(records: list[Record], cfg: str) -> tuple[float, float] | Non
 
 
 def interleaved_order(prompt_ids: list[str], configs: list[str], repeats: int,
-                      turns: dict[str, int] | None = None) -> list[tuple[int, str, int, str]]:
+                      turns: dict[str, int] | None = None, first: str | None = PLAIN) -> list[tuple[int, str, int, str]]:
     """(repeat, prompt id, turn, config) in the order runs happen: every config of a prompt's
-    turn back to back (plain first), so machine noise hits all configurations alike, and plain
-    has answered a turn before any configuration runs the next. ``turns``: how many turns each
-    prompt runs (default 1)."""
-    configs = [PLAIN] + [c for c in configs if c != PLAIN]
+    turn back to back (``first`` first, plain unless told), so machine noise hits all
+    configurations alike, and plain has answered a turn before any configuration runs the next.
+    ``turns``: how many turns each prompt runs (default 1)."""
+    configs = ([first] if first else []) + [c for c in configs if c != first]
     turns = turns or {}
     return [(k, pid, t, cfg) for k in range(repeats) for pid in prompt_ids
             for t in range(1, turns.get(pid, 1) + 1) for cfg in configs]
