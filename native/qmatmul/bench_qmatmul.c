@@ -11,7 +11,10 @@
  *   V=.venv/lib/python3*\/site-packages/llama_cpp/lib G=/tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml
  *   cc -O2 -ffp-contract=off -pthread -I$G/include native/qmatmul/qmatmul.c native/qmatmul/bench_qmatmul.c \
  *      -L$V -Wl,-rpath,$(realpath $V) -lggml -lggml-base -lggml-cpu -lm -o /tmp/bench_qmatmul
- *   flock /tmp/edgespec-cpu.lock /tmp/bench_qmatmul [threads=2] [path: avx2|avx512vnni|auto]
+ *   flock /tmp/edgespec-cpu.lock /tmp/bench_qmatmul [threads=2] [path: avx2|avx2-2rows|avx512vnni|auto]
+ *       [ffn,model,micro] [norepack]
+ * With LD_LIBRARY_PATH pointing at a ggml built with llama_cpp_qmatmul.py's patch (and norepack),
+ * the ggml columns are llama.cpp's patched matmul.
  */
 #define _GNU_SOURCE
 #include "qmatmul.h"
@@ -191,7 +194,9 @@ static void run(const char *name, mat *mats, int nmats, const float *x1536, cons
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2;
     int path = QMM_AUTO;
-    if (argc > 2) path = !strcmp(argv[2], "avx2") ? QMM_AVX2 : !strcmp(argv[2], "avx512vnni") ? QMM_AVX512 : QMM_AUTO;
+    if (argc > 2)
+        path = !strcmp(argv[2], "avx2") ? QMM_AVX2 : !strcmp(argv[2], "avx512vnni") ? QMM_AVX512
+             : !strcmp(argv[2], "avx2-2rows") ? QMM_AVX2_R2 : QMM_AUTO;
     if (path == QMM_AUTO) path = qmm_best_path();
     const char *which = argc > 3 ? argv[3] : "ffn,model";
     ggml_cpu_init();
@@ -201,7 +206,10 @@ int main(int argc, char **argv) {
     ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
     ggml_backend_dev_get_extra_bufts_t extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
     ggml_backend_buffer_type_t repack = NULL;
-    for (ggml_backend_buffer_type_t *b = extra ? extra(dev) : NULL; b && *b; b++)
+    /* "norepack": Q4_K in the plain CPU buffer, as llama.cpp places it when the repack buffer
+     * does not take Q4_K (native/qmatmul/llama_cpp_qmatmul.py's patched build). */
+    const int norepack = argc > 4 && !strcmp(argv[4], "norepack");
+    for (ggml_backend_buffer_type_t *b = extra && !norepack ? extra(dev) : NULL; b && *b; b++)
         if (strstr(ggml_backend_buft_name(*b), "REPACK")) repack = *b;
     printf("threads %d, our path %s, ggml Q4_K weights in %s\n", threads, qmm_path_name(path), repack ? ggml_backend_buft_name(repack) : "CPU (no repack)");
 
@@ -216,6 +224,25 @@ int main(int argc, char **argv) {
     pthread_t th[64];
     for (int t = 1; t < threads; t++) pthread_create(&th[t], NULL, worker, (void *)(long)t);
 
+    if (strstr(which, "check")) {
+        /* Small and quick: ggml's result for a Q4_K and a Q6_K matrix against ours, bit for bit,
+         * n = 1..64 (equal only with the patched ggml, where ggml's matmul is ours). */
+        mat c[2] = {{GGML_TYPE_Q4_K, 64, 1536, 0, 0}, {GGML_TYPE_Q6_K, 64, 1536, 0, 0}};
+        make_weights(c, 2, repack);
+        float *g = malloc(sizeof(float) * 64 * 64), *y = malloc(sizeof(float) * 64 * 64);
+        for (int k = 0; k < 2; k++) {
+            int same = 0;
+            for (int n = 1; n <= 64; n++) {
+                theirs(&c[k], 1, n, x1536, x8960, g, 1);
+                for (int r = 0; r < n; r++) P.q8(x1536 + (size_t)r * 1536, P.xq + (size_t)r * 6, 1536);
+                if (k == 0) qmm_q4_K(P.path, 1536, 0, 64, n, c[k].w, P.xq, y, 64);
+                else qmm_q6_K(P.path, 1536, 0, 64, n, c[k].w, P.xq, y, 64);
+                same += !memcmp(g, y, sizeof(float) * 64 * n);
+            }
+            printf("check %s: ggml's mul_mat equals qmatmul bit for bit for %d of 64 batch sizes\n", k ? "Q6_K" : "Q4_K", same);
+        }
+        free(g); free(y);
+    }
     if (strstr(which, "micro")) {
         /* One thread: ns per weight block per activation row, weights in cache (1024 x 1536,
          * 864 KB, repeated) and streamed (the 16 FFN copies): compute cost apart from memory. */

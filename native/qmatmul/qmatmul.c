@@ -285,6 +285,52 @@ AVX2_T static void q4k_avx2(int K, int o0, int o1, int n, const qmm_block_q4_K *
     }
 }
 
+/* Two weight rows at once: each activation chunk loaded once for both. Same arithmetic per
+ * (weight row, activation row) as q4k_rows_avx2, so the same bits. */
+AVX2_T INLINE void q4k_rows2_avx2(const int NR, const q4k_avx2_block *u, const qmm_block_q8_K *x0, size_t xstride,
+                                  const float *xm0, size_t xmstride, __m256 *acc0, __m256 *acc1) {
+    __m256i a[4], c[4];
+    for (int t = 0; t < NR; t++) a[t] = c[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++)
+        for (int t = 0; t < NR; t++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x0[t * xstride].qs + 32 * j));
+            a[t] = _mm256_add_epi32(a[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u[0].q[j], xv), u[0].s[j]));
+            c[t] = _mm256_add_epi32(c[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u[1].q[j], xv), u[1].s[j]));
+        }
+    for (int t = 0; t < NR; t++) {
+        const __m256 dx = _mm256_broadcast_ss(&x0[t * xstride].d), xm = _mm256_loadu_ps(xm0 + t * xmstride);
+        acc0[t] = _mm256_fmadd_ps(_mm256_mul_ps(u[0].dw, dx), _mm256_cvtepi32_ps(a[t]), acc0[t]);
+        acc0[t] = _mm256_fmadd_ps(u[0].mw, xm, acc0[t]);
+        acc1[t] = _mm256_fmadd_ps(_mm256_mul_ps(u[1].dw, dx), _mm256_cvtepi32_ps(c[t]), acc1[t]);
+        acc1[t] = _mm256_fmadd_ps(u[1].mw, xm, acc1[t]);
+    }
+}
+
+AVX2_T static void q4k_avx2_r2(int K, int o0, int o1, int n, const qmm_block_q4_K *W,
+                               const qmm_block_q8_K *X, const float *xm, float *Y, size_t ldy) {
+    const int nb = K / QMM_QK;
+    __m256 acc0[QMM_MAX_ROWS], acc1[QMM_MAX_ROWS];
+    int o = o0;
+    for (; o + 2 <= o1; o += 2) {
+        for (int r = 0; r < n; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            q4k_avx2_block u[2];
+            q4k_unpack_avx2(&W[(size_t)o * nb + b], &u[0]);
+            q4k_unpack_avx2(&W[(size_t)(o + 1) * nb + b], &u[1]);
+            int r = 0;
+            for (; r + 4 <= n; r += 4)
+                q4k_rows2_avx2(4, u, &X[(size_t)r * nb + b], nb, xm + ((size_t)r * nb + b) * 8, nb * 8, acc0 + r, acc1 + r);
+            for (; r < n; r++)
+                q4k_rows2_avx2(1, u, &X[(size_t)r * nb + b], nb, xm + ((size_t)r * nb + b) * 8, nb * 8, acc0 + r, acc1 + r);
+        }
+        for (int r = 0; r < n; r++) {
+            Y[(size_t)r * ldy + o] = hsum8_avx(acc0[r]);
+            Y[(size_t)r * ldy + o + 1] = hsum8_avx(acc1[r]);
+        }
+    }
+    if (o < o1) q4k_avx2(K, o, o1, n, W, X, xm, Y, ldy);
+}
+
 /* One Q6_K block unpacked: 8 32-byte chunks of 0..63 in element order, each chunk's two scales
  * spread over its 16-bit lanes (8 each), the 16 scales as 16-bit, and d. */
 typedef struct {
@@ -477,6 +523,7 @@ static int have(int path) {
     case QMM_SCALAR: return 1;
 #ifdef QMM_X86
     case QMM_AVX2:
+    case QMM_AVX2_R2:
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case QMM_AVX512:
         return have(QMM_AVX2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -491,8 +538,8 @@ int qmm_best_path(void) {
 }
 
 const char *qmm_path_name(int path) {
-    static const char *names[] = {"auto", "scalar", "avx2", "avx512vnni"};
-    return path >= 0 && path <= 3 ? names[path] : "?";
+    static const char *names[] = {"auto", "scalar", "avx2", "avx512vnni", "avx2-2rows"};
+    return path >= 0 && path <= 4 ? names[path] : "?";
 }
 
 static int check(int *path, int K, int o0, int o1, int n) {
@@ -508,6 +555,7 @@ int qmm_q4_K(int path, int K, int o0, int o1, int n, const qmm_block_q4_K *W,
 #ifdef QMM_X86
     if (path == QMM_AVX512) { q4k_avx512(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
     if (path == QMM_AVX2) { q4k_avx2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
+    if (path == QMM_AVX2_R2) { q4k_avx2_r2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
 #endif
     q4k_scalar(K, o0, o1, n, W, X, xm, Y, ldy);
     return 0;
@@ -518,7 +566,7 @@ int qmm_q6_K(int path, int K, int o0, int o1, int n, const qmm_block_q6_K *W,
     if (!check(&path, K, o0, o1, n)) return -1;
 #ifdef QMM_X86
     if (path == QMM_AVX512) { q6k_avx512(K, o0, o1, n, W, X, Y, ldy); return 0; }
-    if (path == QMM_AVX2) { q6k_avx2(K, o0, o1, n, W, X, Y, ldy); return 0; }
+    if (path == QMM_AVX2 || path == QMM_AVX2_R2) { q6k_avx2(K, o0, o1, n, W, X, Y, ldy); return 0; }
 #endif
     q6k_scalar(K, o0, o1, n, W, X, Y, ldy);
     return 0;

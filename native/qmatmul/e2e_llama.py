@@ -1,0 +1,58 @@
+"""A real model through llama.cpp: T(n) of an n-token verification batch (every row's logits,
+after 512 tokens of context, flash attention off) and whether each row's logits have the bits of
+the same token decoded alone. Run it against the stock build and against a ggml built with
+llama_cpp_qmatmul.py's patch (LD_LIBRARY_PATH wins over the wheel's RUNPATH):
+
+    flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL [--no-repack]
+    LD_LIBRARY_PATH=BUILD/src flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL --no-repack
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from edgespec.drafters.auto.calibrate import measure_verify  # noqa: E402
+from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams  # noqa: E402
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+TEXT = ("def quicksort(items):\n    if len(items) <= 1:\n        return items\n    pivot = items[0]\n"
+        "    left = [x for x in items[1:] if x < pivot]\n    right = [x for x in items[1:] if x >= pivot]\n"
+        "    return quicksort(left) + [pivot] + quicksort(right)\n\n# The same sort, iterative, with an explicit"
+        " stack of ranges so that deep recursion cannot overflow on sorted input, and a few tests.\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--no-repack", action="store_true")
+    ap.add_argument("--no-timing", action="store_true")
+    args = ap.parse_args()
+    model = LlamaModel(args.model, ModelParams(repack=not args.no_repack))
+    ctx = LlamaContext(model, ContextParams(n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=2, n_threads=2,
+                                            n_threads_batch=2, flash_attn=False))
+    tokens = model.tokenize(TEXT, add_special=False)
+    prefix, draft = tokens[:32], tokens[32:96]
+    assert len(draft) == 64, len(tokens)
+    ctx.decode(prefix, range(32), [[0]] * 32, [False] * 31 + [True])
+    alone = np.stack([ctx.decode([t], [32 + k], [[0]], [True])[0] for k, t in enumerate(draft)])
+    print(f"model {Path(args.model).name}, repack {'off' if args.no_repack else 'on'}")
+    for n in SIZES[1:]:
+        ctx.seq_rm(0, 32, -1)
+        rows = ctx.decode(draft[:n], range(32, 32 + n), [[0]] * n, [True] * n)
+        same = sum(np.array_equal(rows[k].view(np.uint32), alone[k].view(np.uint32)) for k in range(n))
+        print(f"  batch of {n:2d}: {same:2d} of {n:2d} rows have the one-token decode's bits, "
+              f"max |logit difference| {np.max(np.abs(rows - alone[:n])):.3g}")
+    ctx.seq_rm(0, -1, -1)
+    if not args.no_timing:
+        sizes, times = measure_verify(ctx, SIZES)
+        print("  T(n) ms:     " + "  ".join(f"{n}: {t * 1e3:.1f}" for n, t in zip(sizes, times)))
+        print("  T(n)/T(1):   " + "  ".join(f"{n}: {t / times[0]:.2f}" for n, t in zip(sizes, times)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
