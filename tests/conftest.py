@@ -20,25 +20,111 @@ GEMMA = "gemma3-270m"
 # Modules none of whose tests load a model into llama.cpp (pure Python and numpy, GGUF files, the
 # store's pulls): `make test` runs them first on every core (pytest-xdist, `-m model_free`), then
 # the rest one test at a time, since two llama.cpp processes on a 2-core machine slow each other
-# down by orders of magnitude. A test here that loads a model fails (see _models_refused).
+# down by orders of magnitude.
 MODEL_FREE = {"test_acceptance", "test_plumbing", "test_policy", "test_recheck", "test_replay",
               "test_sampling", "test_suffix_index", "test_text", "test_gguf", "test_store",
-              "test_cli_models", "test_tree_search", "test_llama_patches", "test_qmatmul"}
+              "test_cli_models", "test_tree_search", "test_llama_patches"}
+# Modules of both kinds: the tests named here load a model, in this process or in a child
+# process (a command, a server, a fresh interpreter); every other test of the module loads none
+# (settings, refusals before loading, plans read from GGUF headers, fakes) and is model_free.
+# Modules in neither table are wholly real-model tests; test_onnx_convert is one, its checks sharing
+# the session's conversion with test_onnx_drafter's (made once, in one process).
+MODEL_TESTS = {
+    "test_auto_select": {"test_engine_loads_the_drafter_only_when_its_calibration_pays",
+                         "test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so"},
+    "test_bench": {"test_short_real_run_json_schema", "test_shared_prefill_evaluates_each_prompt_once",
+                   "test_all_turns_share_plain_history"},
+    "test_bench_peers": {"test_real_llama_cpp_draft_run", "test_real_llama_cpp_ngram_mod_run",
+                         "test_real_llama_cpp_plain_run", "test_real_llama_cpp_python_pld_run"},
+    "test_budget": {"test_a_budgeted_load_builds_what_the_plan_planned",
+                    "test_budget_fitting_target_and_drafter_uses_both",
+                    "test_budget_between_target_and_both_drops_the_model_drafter",
+                    "test_budget_below_the_weights_runs_file_backed_under_budget",
+                    "test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read"},
+    "test_cli": {"test_run_json", "test_run_streams_answer_then_stats_line",
+                 "test_chat_keeps_history_and_reuses_the_cache", "test_chat_multiline_and_unknown_command",
+                 "test_run_with_suffix_drafter_reports_speculation", "test_run_stats_line_shows_drafting"},
+    "test_clone": {"test_clone_decodes_finite_logits_in_llama_cpp"},
+    "test_code_edit_suite": {"test_prompts_fit_in_qwen_tokens"},
+    "test_exact": {"test_probe_sees_default_kernels_depend_on_the_batch",
+                   "test_exact_speculation_equals_plain_bit_for_bit",
+                   "test_exact_mode_refuses_after_default_kernels_ran", "test_plan_shows_the_exact_load"},
+    "test_hostile_cli": {"test_run_with_non_utf8_prompt_system_and_stop", "test_run_with_non_utf8_stdin_and_model_path",
+                         "test_chat_keeps_going_after_a_non_utf8_line", "test_tokenize_refuses_lone_surrogates",
+                         "test_ctrl_c_during_load_exits_130_promptly"},
+    "test_load": {"test_plan_prints_what_the_engine_loads"},
+    "test_modelfile": {"test_building_a_budgeted_engine_with_a_drafter_parses_each_file_once"},
+    "test_onnx_plumbing": {"test_cuda_on_this_cpu_only_machine_drafts_on_the_cpu_with_one_warning"},
+    "test_placements": {"test_a_drafter_wholly_on_the_cpu_never_ships_its_batches_to_the_gpu",
+                        "test_a_split_target_reads_its_cpu_weights_into_pinned_host_buffers",
+                        "test_drafts_default_to_long_trees_where_the_drafter_is_on_a_gpu",
+                        "test_engine_in_the_cpu_placement_loads_what_the_plan_says", "test_vram_decides_the_mode"},
+    "test_planner": {"test_a_drafter_planned_without_repacking_is_loaded_without_it",
+                     "test_resident_memory_of_a_full_load_matches_the_plan",
+                     "test_resident_memory_of_a_small_model_matches_the_plan",
+                     "test_target_estimates_match_llama_cpp_reports", "test_estimates_match_what_llama_cpp_reports",
+                     "test_target_resident_memory_matches_the_plan"},
+    "test_rss": {"test_request_stats_report_the_request_and_the_process_peak"},
+    "test_server": {"test_api_key", "test_bad_input_is_typed", "test_raw_http_errors",
+                    "test_queue_full_and_disconnect_frees_the_slot", "test_cancel_from_another_thread",
+                    "test_concurrent_clients_get_their_own_complete_answers", "test_generate_stream_and_chat",
+                    "test_metrics_after_traffic", "test_openai_client_chat_and_completions",
+                    "test_queue_full_and_cancel_while_queued", "test_threads_queue_and_get_their_own_answers"},
+    "test_server_hostile": {"test_api_key_file_refusals", "test_api_key_from_a_file_or_the_environment",
+                            "test_lone_surrogates_and_deep_nesting_are_400", "test_signals_end_the_server_mid_stream",
+                            "test_post_needs_a_json_content_type", "test_stalled_and_abandoned_uploads_cost_one_line_each",
+                            "test_garbage_and_disconnects_mid_stream"},
+    "test_speculative": {"test_cache_equals_fresh_prefill_after_rejections", "test_f32_speculative_greedy_equals_plain",
+                         "test_quantized_speculation_drafts_and_diverges_only_at_rare_near_ties",
+                         "test_sampling_distribution_is_unchanged"},
+    "test_store_faults": {"test_run_in_a_read_only_store_answers_with_one_warning", "test_cli_on_a_corrupted_model"},
+    "test_templates_hostile": {"test_control_token_text_in_content_stays_text", "test_engine_chat_tokens_uses_the_split",
+                               "test_ordinary_conversations_tokenize_as_before", "test_template_that_rewrites_contents",
+                               "test_without_a_template_contents_are_text"},
+}
+# A model-free test that loads a model fails: in this process LlamaModel refuses while it runs
+# (fixtures included, whatever their scope), and its Python child processes get
+# tests/model_free_guard/ first on their PYTHONPATH, whose sitecustomize ends a child that loads
+# a model with exit code 99.
+GUARD_DIR = Path(__file__).with_name("model_free_guard")
 
 
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
-        if item.module.__name__ in MODEL_FREE:
+        module = item.module.__name__
+        if module in MODEL_FREE or (module in MODEL_TESTS and item.originalname not in MODEL_TESTS[module]):
             item.add_marker("model_free")
 
 
-@pytest.fixture(autouse=True)
-def _models_refused(request, monkeypatch):
-    """In model_free tests, loading a model into llama.cpp is an error, not a slowdown."""
-    if request.node.get_closest_marker("model_free"):
-        def refuse(self, *args, **kwargs):
-            raise AssertionError(f"{request.node.nodeid} is in conftest.MODEL_FREE but loads a model")
-        monkeypatch.setattr(LlamaModel, "__init__", refuse)
+_RUNNING_MODEL_FREE: list[str] = []  # the model_free test running now, if any
+_load_model = LlamaModel.__init__
+
+
+def _guarded_init(self, *args, **kwargs):
+    if _RUNNING_MODEL_FREE:
+        raise AssertionError(f"{_RUNNING_MODEL_FREE[0]} is model_free (tests/conftest.py) but loads a model")
+    _load_model(self, *args, **kwargs)
+
+
+LlamaModel.__init__ = _guarded_init
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not item.get_closest_marker("model_free"):
+        yield
+        return
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(GUARD_DIR)] + ([saved] if saved else []))
+    _RUNNING_MODEL_FREE[:] = [item.nodeid]
+    try:
+        yield
+    finally:
+        _RUNNING_MODEL_FREE.clear()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 # Build caches and reports kept in the user's store between sessions: the F32 copy of SmolLM2
