@@ -25,13 +25,15 @@ from edgespec.llama import invariant
 from edgespec.llama.backend import ContextParams, LlamaContext, ModelParams
 
 RUNNER = Path(__file__).with_name("exact_run.py")
+# Code, where the model drafter's chains are accepted, and a copy, whose suffix drafts are long
+# enough that verification crosses the kernels' 4- and 8-row batch thresholds (checked below).
+# Any verification batch whose rows differ from one-token rows can part an answer; free-text
+# prompts would add more batches of the same sizes at the 1.5B target's cost.
 PROMPTS = [
     ("Add type hints to this function:\ndef add(a, b):\n    return a + b\n\n"
      "def scale(values, factor):\n    return [v * factor for v in values]\n"),
     ("Repeat the following text exactly: The quick brown fox jumps over the lazy dog. "
      "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog."),
-    "Write a short story about a dragon who loves tea.",
-    "Translate to French: The weather is lovely today and I want to walk in the park.",
 ]
 
 
