@@ -1,0 +1,40 @@
+"""A bench whose best plain is another load than its speculative configurations': plain runs
+first on its own load, the speculative layout's plain decoding runs interleaved as the secondary
+`plain-in-layout`, and every ratio is over plain (a real small model, two prompts)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from conftest import SMALL
+
+from edgespec.bench import runner
+from edgespec.bench.prompts import BenchPrompt
+from edgespec.bench.summary import IN_LAYOUT, OVERALL, PLAIN
+from edgespec.engine import EngineConfig
+from edgespec.load import resolve
+from edgespec.memory.machine import machine
+
+GiB = 1 << 30
+
+
+def test_plain_on_its_own_load_comes_first_and_in_layout_is_secondary(model_path, store, monkeypatch):
+    model_path(SMALL)
+    settings = runner.BenchSettings(EngineConfig(model=SMALL, n_ctx=512, ram_budget=4 * GiB), max_tokens=8)
+    shared, same = runner.load_plans(settings, ["plain", "suffix"], machine(), store)
+    assert same is None  # a CPU-only budget: plain's best layout is the speculative one
+    # Another layout for plain (here its cache type) stands for a whole target on a GPU.
+    alone = resolve(replace(runner.plain_config(settings.engine, machine()), kv_type="q8_0"), machine(), store)
+    monkeypatch.setattr(runner, "load_plans", lambda *a, **k: (shared, alone))
+    prompts = [BenchPrompt(id=f"p{i}", category="c", text=text, templated=False)
+               for i, text in enumerate(["The capital of France is", "def add(a, b):"])]
+    result = runner.run_bench(prompts, ["plain", "suffix"], settings)
+    configs = [r.config for r in result.records]
+    assert configs == [PLAIN, PLAIN, IN_LAYOUT, "suffix", IN_LAYOUT, "suffix"]
+    b = result.settings["baseline"]
+    assert b["separate_load"] and b["in_layout"] == IN_LAYOUT and b["config"] == PLAIN
+    s = result.summary
+    assert s[PLAIN][OVERALL]["speedup"] == pytest.approx(1.0)
+    assert s["suffix"][OVERALL]["speedup_in_layout"] is not None
+    assert s[IN_LAYOUT][OVERALL]["speedup_in_layout"] == pytest.approx(1.0)
+    assert all(r.same_as_plain is not None for r in result.records if r.config != PLAIN)
