@@ -100,19 +100,35 @@ static void pass(int t) {
     }
 }
 
+/* Between passes the workers sleep on a condition variable: a spinning worker would take a core
+ * from ggml's threads while ggml is timed. */
+static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t start_cv = PTHREAD_COND_INITIALIZER;
+static int start_gen;
+
 static void *worker(void *arg) {
-    int t = (int)(long)arg;
+    int t = (int)(long)arg, seen = 0;
     for (;;) {
-        barrier();
+        pthread_mutex_lock(&start_mu);
+        while (start_gen == seen) pthread_cond_wait(&start_cv, &start_mu);
+        seen = start_gen;
+        pthread_mutex_unlock(&start_mu);
         if (atomic_load(&P.stop)) return NULL;
         pass(t);
     }
 }
 
+static void start_workers(void) {
+    pthread_mutex_lock(&start_mu);
+    start_gen++;
+    pthread_cond_broadcast(&start_cv);
+    pthread_mutex_unlock(&start_mu);
+}
+
 static double ours(mat *mats, int nmats, int n) {
     P.mats = mats; P.nmats = nmats; P.n = n;
     double t0 = now();
-    barrier();  /* release the workers */
+    start_workers();
     pass(0);
     return now() - t0;
 }
@@ -290,7 +306,7 @@ int main(int argc, char **argv) {
         run("model: Qwen2.5 1.5B Q4_K_M matmuls (980 MB)", model, k, x1536, x8960, 3);
     }
     atomic_store(&P.stop, 1);
-    barrier();
+    start_workers();
     for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
     return 0;
 }
