@@ -67,9 +67,16 @@ demo: models
 
 # Tests that load no model run on every core first; then the rest, one at a time (two
 # llama.cpp processes on a 2-core machine slow each other down by orders of magnitude).
+# The tests in three steps (docs/testing.md): those that load no model on every core; the
+# real-model tests on two workers, each llama.cpp process held to one thread (OMP_THREAD_LIMIT);
+# then alone, with llama.cpp's own thread count, the few timed against a child's progress and the
+# GPU tests. Every step runs; the target fails if any step failed.
 test: test-models
-	$(BIN)/python -m pytest -q -m model_free -n $(NPROC)
-	$(BIN)/python -m pytest -q -m "not model_free"
+	@rc=0; \
+	$(BIN)/python -m pytest -q -m model_free -n $(NPROC) || rc=1; \
+	OMP_THREAD_LIMIT=1 $(BIN)/python -m pytest -q -m "not model_free and not serial and not gpu" -n 2 || rc=1; \
+	$(BIN)/python -m pytest -q -m "serial or gpu" || rc=1; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) build *.egg-info edgespec/*.so

@@ -19,8 +19,9 @@ GEMMA = "gemma3-270m"
 
 # Modules none of whose tests load a model into llama.cpp (pure Python and numpy, GGUF files, the
 # store's pulls): `make test` runs them first on every core (pytest-xdist, `-m model_free`), then
-# the rest one test at a time, since two llama.cpp processes on a 2-core machine slow each other
-# down by orders of magnitude.
+# the rest on two workers with OMP_THREAD_LIMIT=1: llama.cpp's OpenMP threads wait at barriers, so
+# two processes of two threads each on a 2-core machine slow each other down by orders of
+# magnitude, while two of one thread each do not.
 MODEL_FREE = {"test_acceptance", "test_plumbing", "test_policy", "test_recheck", "test_replay",
               "test_sampling", "test_suffix_index", "test_text", "test_gguf", "test_store",
               "test_cli_models", "test_tree_search", "test_llama_patches"}
@@ -89,11 +90,24 @@ MODEL_TESTS = {
 GUARD_DIR = Path(__file__).with_name("model_free_guard")
 
 
+# Real-model tests that time signals against a child's progress (a load to interrupt, a stream
+# to cut): `make test` runs them alone after the others, which it runs on two workers.
+SERIAL = {"test_hostile_cli": {"test_ctrl_c_during_load_exits_130_promptly"},
+          "test_server_hostile": {"test_signals_end_the_server_mid_stream"}}
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "serial: a real-model test timed against a child process; "
+                                       "`make test` runs these alone (tests/conftest.py SERIAL)")
+
+
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         module = item.module.__name__
         if module in MODEL_FREE or (module in MODEL_TESTS and item.originalname not in MODEL_TESTS[module]):
             item.add_marker("model_free")
+        if item.originalname in SERIAL.get(module, ()):
+            item.add_marker("serial")
 
 
 _RUNNING_MODEL_FREE: list[str] = []  # the model_free test running now, if any
