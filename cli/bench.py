@@ -89,6 +89,7 @@ def bench(
     vram_budget: Optional[str] = c.VRAM_BUDGET,
     placement: Optional[str] = c.PLACEMENT,
     exact: bool = c.EXACT,
+    greedy_on_backend: bool = c.GREEDY_ON_BACKEND,
     flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn",
                                               help="The target's attention kernel in every configuration and "
                                                    "in the peers (default: the engine's choice, off on the CPU; "
@@ -107,7 +108,8 @@ def bench(
     engine = c.engine_config(model=model, draft_model=draft_model, ctx=ctx, threads=threads, draft_max=draft_max,
                              draft_tree=draft_tree, recheck_gap=recheck_gap, onnx_provider=onnx_provider,
                              onnx_bits=onnx_bits, ram_budget=ram_budget, vram_budget=vram_budget,
-                             placement=placement, exact=exact, flash_attn=flash_attn)
+                             placement=placement, exact=exact, flash_attn=flash_attn,
+                             greedy_on_backend=greedy_on_backend)
     items = select(load_suite(suite) if suite else load_prompts(prompts), limit, split)
     settings = BenchSettings(engine, max_tokens=max_tokens, temperature=temperature, seed=seed, repeats=repeat,
                              share_prefill=share_prefill, turns=turns)

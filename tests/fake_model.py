@@ -34,6 +34,7 @@ import numpy as np
 
 from edgespec.errors import BackendError, InvalidRequest
 from edgespec.llama.backend import rows_allowed
+from edgespec.llama.rows import Row
 
 _K = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible mod 2**64
 _K_INV = np.uint64(pow(int(_K), -1, 1 << 64))
@@ -161,6 +162,25 @@ class FakeModel:
         return self._table.nbytes + (self._perturb.nbytes if self._perturb is not None else 0)
 
 
+class FakeRows:
+    """The rows of one fake decode, read as edgespec.llama.rows.Rows reads them: a row picked
+    on the backend gives its argmax and has no logits to read."""
+
+    def __init__(self, read, picked: set[int]):
+        self._read, self._picked = read, picked
+
+    def __call__(self, i: int) -> np.ndarray:
+        if i in self._picked:
+            raise BackendError(f"row {i} was picked on the backend: its logits were not copied back")
+        return self._read(i)
+
+    def greedy(self, i: int) -> int:
+        return int(np.argmax(self._read(i)))  # the same argmax, wherever it is taken
+
+    def row(self, i: int) -> Row:
+        return Row(self, i)
+
+
 class FakeContext:
     """A KV cache with llama.cpp's semantics over a FakeModel (LlamaContext's interface).
 
@@ -170,7 +190,7 @@ class FakeContext:
     """
 
     def __init__(self, model: FakeModel, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
-                 n_ubatch: int | None = None, n_outputs_max: int | None = None):
+                 n_ubatch: int | None = None, n_outputs_max: int | None = None, greedy_on_backend: bool = False):
         if not 1 <= n_seq_max <= 64:
             raise InvalidRequest("n_seq_max must be in [1, 64]")
         self.model = model
@@ -187,6 +207,13 @@ class FakeContext:
         self._fail_decode_in: int | None = None
         self._fail_read_in: int | None = None
         self._closed = False
+        self.greedy_on_backend = greedy_on_backend
+        self._picking = False
+
+    def pick_on_backend(self, on: bool) -> bool:
+        """As LlamaContext.pick_on_backend: sequence 0's rows come back as their argmax only."""
+        self._picking = on and self.greedy_on_backend
+        return self._picking
 
     # -- fault injection ---------------------------------------------------------------------
     def fail_decode_at(self, k: int | None) -> None:
@@ -248,7 +275,9 @@ class FakeContext:
                     raise BackendError("reading logits failed (injected)")
             return out[i].copy()
 
-        return row
+        # as llama.cpp's backend sampler: rows whose first sequence is 0 are picked there
+        picked = {i for i in range(n) if flags[i] and self._picking and seq_ids[i][0] == 0}
+        return FakeRows(row, picked)
 
     def _run(self, tokens, positions, seq_ids, flags, cells) -> dict[int, np.ndarray]:
         out: dict[int, np.ndarray] = {}

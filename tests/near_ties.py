@@ -33,9 +33,9 @@ def batched_vs_single_deviation(model: LlamaModel, tokens: list[int]) -> float:
 def _plain_logits_at(engine: Engine, prompt_tokens: list[int], plain: tuple[int, ...], j: int) -> np.ndarray:
     """The logits plain decoding saw when it chose plain[j] (same one-token numerics)."""
     engine.reset()
-    logits, _ = engine.seq.sync(prompt_tokens)
+    logits = engine.seq.sync(prompt_tokens)[0].logits()
     for k in range(j):
-        logits = engine.seq.append(plain[k])
+        logits = engine.seq.append(plain[k]).logits()
     engine.reset()
     return logits
 

@@ -97,9 +97,11 @@ DRAFTERS = {
 OVERLAP = {"model-overlap"}
 
 
-def make_decoder(kind: str | None, draft_max: int = 8, n_ctx: int = N_CTX, n_batch: int = 64):
+def make_decoder(kind: str | None, draft_max: int = 8, n_ctx: int = N_CTX, n_batch: int = 64,
+                 greedy_on_backend: bool = False):
     """A decoder on a fresh fake target context: plain for ``kind=None``."""
-    ctx = FakeContext(TARGET, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=1 + draft_max, n_outputs_max=VERIFY_ROWS)
+    ctx = FakeContext(TARGET, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=1 + draft_max, n_outputs_max=VERIFY_ROWS,
+                      greedy_on_backend=greedy_on_backend)
     step = None if kind is None else SpeculativeStep(DRAFTERS[kind](), draft_max, overlap=kind in OVERLAP)
     return Decoder(TARGET, KVSequence(ctx), step)
 
@@ -286,18 +288,18 @@ def test_random_trees_commits_and_rollbacks_match_plain_decoding():
     max_paths = 12
     seq = KVSequence(FakeContext(TARGET, n_ctx=256, n_batch=32, n_seq_max=1 + max_paths))
     context = random_prompt(rng, 30)
-    logits, kept = seq.sync(context)
-    assert kept == 0 and np.array_equal(logits, TARGET.logits(context))
+    row, kept = seq.sync(context)
+    assert kept == 0 and np.array_equal(row.logits(), TARGET.logits(context))
     outcomes = Counter()
     for step in range(1000):
         if len(seq) > 200 or rng.random() < 0.03:  # a new request: prefix reuse, maybe a new prompt
             cut = int(rng.integers(1, len(seq.tokens)))
             context = seq.tokens[:cut] + random_prompt(rng, int(rng.integers(2, 20)))[1:]
             old = list(seq.tokens)
-            logits, kept = seq.sync(context)
+            row, kept = seq.sync(context)
             common = next((i for i, (a, b) in enumerate(zip(old, context)) if a != b), min(len(old), len(context)))
             assert kept == min(common, len(context) - 1) >= cut
-            assert np.array_equal(logits, TARGET.logits(context))
+            assert np.array_equal(row.logits(), TARGET.logits(context))
         base = list(seq.tokens)
         pending = int(rng.integers(2, TARGET.n_vocab))
         draft = fit_draft(random_tree(rng, int(rng.integers(0, 20)), vocab=6, chain=rng.random() < 0.3),
@@ -323,7 +325,7 @@ def test_random_trees_commits_and_rollbacks_match_plain_decoding():
         assert_cache_is_mirror(seq)
         if rng.random() < 0.3:
             nxt = int(rng.integers(2, TARGET.n_vocab))
-            assert np.array_equal(seq.append(nxt), TARGET.logits(seq.tokens[:-1] + [nxt]))
+            assert np.array_equal(seq.append(nxt).logits(), TARGET.logits(seq.tokens[:-1] + [nxt]))
         if rng.random() < 0.1:
             seq.trim(int(rng.integers(1, len(seq) + 1)))
             assert_cache_is_mirror(seq)
@@ -397,6 +399,28 @@ def test_speculative_greedy_equals_plain_greedy_exactly(kind):
         assert drafted == 0
     else:  # speculation really happened, and really paid
         assert drafted > 10 * requests and accepted > 5 * requests, (drafted, accepted, requests)
+
+
+@pytest.mark.parametrize("kind", ["suffix", "model-chain", "model-tree", "auto"])
+def test_greedy_picks_on_the_backend_give_plain_greedys_answers(kind):
+    """With the backend picking sequence 0's tokens (no logits come back for those rows), greedy
+    speculation and plain decoding give the reference answers; trees still read their branches'
+    logits; a sampled request on the same context gets logits again."""
+    rng = np.random.default_rng(11)
+    spec = make_decoder(kind, greedy_on_backend=True)
+    plain = make_decoder(None, greedy_on_backend=True)
+    for _ in range(4):
+        prompt = random_prompt(rng, int(rng.integers(3, 40)))
+        want = TARGET.greedy(prompt, 40, stop_at_eos=True)
+        assert list(plain.generate(prompt, request(40)).token_ids) == want
+        assert plain.seq.ctx._picking
+        assert list(spec.generate(prompt, request(40)).token_ids) == want, (kind, prompt)
+        with pytest.raises(BackendError, match="picked on the backend"):
+            spec.seq.append(want[0]).logits()
+        spec.seq.trim(len(spec.seq) - 1)
+    sampled = spec.generate(prompt, request(16, sampling=SamplingParams(temperature=0.8, seed=1)))
+    assert not spec.seq.ctx._picking and len(sampled.token_ids) == 16
+    assert_cache_is_mirror(spec.seq)
 
 
 @pytest.mark.parametrize("kind", ["suffix", "model-tree", "auto"])

@@ -190,7 +190,7 @@ TIE_EPS = 0.5
 def _top2_gap(engine, prompt_tokens: list[int], answer: list[int], j: int) -> float:
     """Top-2 logit gap where the library chose answer[j], evaluated from a fresh cache."""
     engine.reset()
-    logits, _ = engine.seq.sync(list(prompt_tokens) + list(answer[:j]))
+    logits = engine.seq.sync(list(prompt_tokens) + list(answer[:j]))[0].logits()
     engine.reset()
     top2 = sorted(logits.tolist())[-2:]
     return top2[1] - top2[0]

@@ -735,7 +735,7 @@ def record_plain(decoder: Decoder, prompt: Sequence[int], max_tokens: int) -> tu
     done = decoder.generate(list(prompt), GenerationRequest(max_tokens=max_tokens, sampling=GREEDY))
     output = list(done.token_ids)
     if done.stats.finish_reason == "stop":
-        logits, _ = decoder.seq.sync(list(prompt) + output)
+        logits = decoder.seq.sync(list(prompt) + output)[0].logits()
         output.append(int(np.argmax(logits)))
         if not decoder.model.is_eog(output[-1]):
             raise ValueError("a stop without an EOG token (stop strings are not replayable)")

@@ -18,7 +18,7 @@ import numpy as np
 from edgespec.decode.events import DoneEvent, GenerationStats, TokenEvent
 from edgespec.decode.output import OutputStream
 from edgespec.decode.request import GenerationRequest
-from edgespec.decode.sampling import SamplingParams, pick_token
+from edgespec.decode.sampling import SamplingParams, argmax_decides, pick_from_row
 from edgespec.decode.sequence import KVSequence
 from edgespec.errors import InvalidRequest
 from edgespec.memory.rss import PeakRSS
@@ -26,7 +26,10 @@ from edgespec.decode.stats import SpecStats
 
 
 class Step(Protocol):
-    """One target pass per call; see the module docstring."""
+    """One target pass per call; see the module docstring. ``needs_logits``: greedy steps read
+    logits rows, so the backend must not pick the target's tokens (edgespec.llama.rows)."""
+
+    needs_logits: bool
 
     def begin(self, prompt: Sequence[int], first: int, params: SamplingParams,
               rng: np.random.Generator) -> None: ...
@@ -44,12 +47,14 @@ class Step(Protocol):
 class PlainStep:
     """Plain decoding: one token per target pass."""
 
+    needs_logits = False
+
     def begin(self, prompt, first, params, rng) -> None:
         self._params, self._rng = params, rng
 
     def step(self, seq: KVSequence, history: list[int], budget: int) -> tuple[list[int], int]:
-        logits = seq.append(history[-1])
-        return [pick_token(logits, self._params, history, self._rng)], 0
+        row = seq.append(history[-1])
+        return [pick_from_row(row, self._params, history, self._rng)], 0
 
     def end(self) -> None:
         return None
@@ -72,9 +77,10 @@ class Decoder:
         out = OutputStream(self.model, request.max_tokens, request.stop, request.ignore_eos)
         with PeakRSS() as rss:
             t0 = time.perf_counter()
-            logits, stats.reused_prompt_tokens = seq.sync(prompt)
+            seq.ctx.pick_on_backend(argmax_decides(params) and not self.step.needs_logits)
+            row, stats.reused_prompt_tokens = seq.sync(prompt)
             stats.prompt_eval_s = time.perf_counter() - t0
-            history = list(prompt) + [pick_token(logits, params, prompt, rng)]
+            history = list(prompt) + [pick_from_row(row, params, prompt, rng)]
             stats.ttft_s = time.perf_counter() - t0
             t_first = time.perf_counter()
             self.step.begin(prompt, history[-1], params, rng)

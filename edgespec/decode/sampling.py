@@ -238,6 +238,20 @@ def pick_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int
     return sample_support(ids, probs, rng)
 
 
+def argmax_decides(params: SamplingParams) -> bool:
+    """Whether a row's argmax alone is the next token (greedy, no repetition penalty), so the
+    backend may pick it and copy back no logits (edgespec.llama.rows)."""
+    return params.greedy and params.repeat_penalty == 1.0
+
+
+def pick_from_row(row, params: SamplingParams, history: Sequence[int], rng: np.random.Generator) -> int:
+    """``pick_token`` for a decoded row (edgespec.llama.rows.Row): its logits are read only when
+    the argmax alone does not decide."""
+    if argmax_decides(params):
+        return row.greedy()
+    return pick_token(row.logits(), params, history, rng)
+
+
 def top2_gap(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> float:
     """How far greedy's choice leads the runner-up, in logits (after the repetition penalty)."""
     top = np.partition(apply_repeat_penalty(logits, recent, params.repeat_penalty), -2)[-2:]

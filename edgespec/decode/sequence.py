@@ -18,15 +18,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-import numpy as np
 
 from edgespec.decode.tokens import fast_common_prefix
 from edgespec.decode.tree import DraftTree
 from edgespec.decode.verify import is_chain, path_layout
+from edgespec.llama.rows import Row, Rows
 
 SEQ_MAIN = 0
 T = TypeVar("T")
-Rows = Callable[[int], np.ndarray]  # row(r) -> [n_vocab] logits
 
 
 class KVSequence:
@@ -46,32 +45,32 @@ class KVSequence:
         return self.ctx.n_seq_max - 1
 
     # -- plain edits ----------------------------------------------------------------------------
-    def sync(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
-        """Brings the cache to exactly ``tokens`` (non-empty) and returns the last row's logits.
+    def sync(self, tokens: Sequence[int]) -> tuple[Row, int]:
+        """Brings the cache to exactly ``tokens`` (non-empty); returns the row after them.
 
         Returns:
-            (logits [n_vocab], tokens kept from the cache). The last token is always evaluated
-            again: its logits are not kept.
+            (the last token's row, tokens kept from the cache). The last token is always
+            evaluated again: its row is not kept.
         """
         keep = min(fast_common_prefix(self.tokens, tokens), len(tokens) - 1)
         self.trim(keep)
-        logits = None
+        row = None
         n_batch = self.ctx.n_batch
         for start in range(keep, len(tokens), n_batch):
             chunk = list(tokens[start:start + n_batch])
             last = start + len(chunk) == len(tokens)
-            out = self.ctx.decode(chunk, range(start, start + len(chunk)), [[SEQ_MAIN]] * len(chunk),
-                                  [last and i == len(chunk) - 1 for i in range(len(chunk))])
+            rows = self.ctx.decode_rows(chunk, range(start, start + len(chunk)), [[SEQ_MAIN]] * len(chunk),
+                                        [last and i == len(chunk) - 1 for i in range(len(chunk))])
             self.tokens.extend(chunk)
             if last:
-                logits = out[0]
-        return logits, keep
+                row = rows.row(len(chunk) - 1)
+        return row, keep
 
-    def append(self, token: int) -> np.ndarray:
-        """Appends one token and returns the logits after it."""
-        logits = self.ctx.decode([token], [len(self.tokens)], [[SEQ_MAIN]], [True])[0]
+    def append(self, token: int) -> Row:
+        """Appends one token and returns the row after it."""
+        rows = self.ctx.decode_rows([token], [len(self.tokens)], [[SEQ_MAIN]], [True])
         self.tokens.append(int(token))
-        return logits
+        return rows.row(0)
 
     def trim(self, n: int) -> None:
         """Keeps the first ``n`` tokens."""
@@ -158,7 +157,8 @@ def run_beside(work: Callable[[], T], alongside: Callable[[], None]) -> T:
 
 
 class Verification:
-    """One verified draft: ``rows(r)`` gives the target's logits, ``commit`` keeps a path."""
+    """One verified draft: ``rows`` gives the target's rows (edgespec.llama.rows), ``commit``
+    keeps a path."""
 
     def __init__(self, seq: KVSequence, pending: int, draft: DraftTree):
         self._seq, self.pending, self.draft = seq, pending, draft

@@ -176,19 +176,19 @@ class ModelDrafter:
         room = budget + 1  # cells: a chain's tokens, a tree's held nodes
         if budget <= 0 or len(context) + room >= self.ctx.n_ctx:
             return DraftTree.empty(NAME)
-        logits, _ = self.seq.sync(context)
+        logits = self.seq.sync(context)[0].logits()
         if tree:
             return self._tree(context, logits, budget)
         return self._chain(context, logits, budget, stop)
 
     def guess(self, context: Sequence[int]) -> int:
         """Its greedy choice after ``context`` (overlap: its guess of the target's next token)."""
-        logits, _ = self.seq.sync(context)
+        logits = self.seq.sync(context)[0].logits()
         return greedy_token(logits, self.params, recent_window(list(context), self.params))
 
     def _chain(self, context: Sequence[int], logits: np.ndarray, budget: int, stop: Stop | None) -> DraftTree:
         return draft_chain(context, logits, budget, self.params, self.rng, self.min_confidence,
-                           self.seq.append, NAME, stop)
+                           lambda token: self.seq.append(token).logits(), NAME, stop)
 
     def _tree(self, context: Sequence[int], logits: np.ndarray, budget: int) -> DraftTree:
         base = len(context)

@@ -30,6 +30,7 @@ from llama_cpp import _ggml
 
 from edgespec.files.modelfile import model_file
 from edgespec.llama.kernels import KV_CACHE_TYPES
+from edgespec.llama.rows import BackendGreedy, Rows
 from edgespec.errors import BackendError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,9 @@ class ContextParams:
     # GPU builds: a batch of at least edgespec.llama.kernels.op_offload_min_batch() tokens copies
     # CPU-resident weights to the GPU and multiplies there; False keeps every batch on the CPU.
     op_offload: bool = True
+    # Greedy requests may have the backend pick sequence 0's tokens (edgespec.llama.rows):
+    # the target with its output layer on a GPU (edgespec.memory.placements.greedy_on_backend).
+    greedy_on_backend: bool = False
 
 
 
@@ -425,6 +429,13 @@ class LlamaContext:
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._generation = 0  # bumps on every decode; stale lazy logits readers refuse to read
+        self._greedy = BackendGreedy(self._ctx)
+
+    def pick_on_backend(self, on: bool) -> bool:
+        """Whether sequence 0's rows come back as the backend's greedy pick (a token id, see
+        edgespec.llama.rows) rather than logits, where ``params.greedy_on_backend`` allows it;
+        returns whether that is now the case."""
+        return self._greedy.set(on and self.params.greedy_on_backend)
 
     # -- decoding -----------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
@@ -452,8 +463,8 @@ class LlamaContext:
         return out
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int],
-                    seq_ids: Sequence[Sequence[int]], logits: Sequence[bool]):
-        """Like ``decode`` but returns ``row(i) -> [n_vocab]`` reading flagged row ``i`` lazily.
+                    seq_ids: Sequence[Sequence[int]], logits: Sequence[bool]) -> Rows:
+        """Like ``decode`` but returns the flagged rows, read lazily (``Rows``).
 
         Verification flags every draft node yet usually needs only the rows on the accepted
         path; copying 150k floats per unneeded row would cost more than the check itself.
@@ -477,16 +488,8 @@ class LlamaContext:
             raise BackendError(f"llama_decode failed (code {rc}): "
                                + ("no room in the KV cache" if rc == 1 else "see debug log"))
         self._generation += 1
-        generation, n_vocab, flags = self._generation, self.model.n_vocab, list(logits)
-
-        def row(i: int) -> np.ndarray:
-            if generation != self._generation:
-                raise RuntimeError("logits read after a later decode overwrote them")
-            if not (0 <= i < n and flags[i]):
-                raise IndexError(f"row {i} was not flagged for logits")
-            return np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, i), shape=(n_vocab,)).copy()
-
-        return row
+        generation = self._generation
+        return Rows(self._ctx, self.model.n_vocab, list(logits), lambda: generation == self._generation)
 
     def _check_batch(self, tokens, positions, seq_ids, logits) -> None:
         n = len(tokens)
@@ -550,6 +553,7 @@ class LlamaContext:
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
+            self._greedy.close()
             lc.llama_batch_free(self._batch)
             lc.llama_free(self._ctx)
             self._ctx = None

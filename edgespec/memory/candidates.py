@@ -272,10 +272,12 @@ class Evaluator:
         return weights + kv + compute + (GPU_RUNTIME_BYTES if runtime else 0)
 
     def _model_ram(self, fp: ModelFootprint, cf: ContextFootprint, k: int, resident: bool,
-                   repack: bool, label: str, pin: bool = False) -> tuple[list[Part], bool, bool, int, int]:
+                   repack: bool, label: str, pin: bool = False,
+                   picked: bool = False) -> tuple[list[Part], bool, bool, int, int]:
         """RAM parts of one model with k layers on the GPU; returns parts, mmap, repack, repack bytes,
         file-backed bytes. ``pin``: resident CPU weights are read into the GPU build's pinned host
-        buffers (no mmap), which op offload copies to the GPU by DMA."""
+        buffers (no mmap), which op offload copies to the GPU by DMA. ``picked``: the backend
+        makes its greedy picks (placements.greedy_on_backend), which widens its output buffer."""
         n_cpu_blocks = fp.n_layer - min(max(k - 1, 0), fp.n_layer)
         cpu_blocks = range(n_cpu_blocks)
         head_on_cpu = k == 0
@@ -322,8 +324,10 @@ class Evaluator:
         parts.append(self._compute_part(fp, cf, k, n_cpu_blocks, label))
         parts.append(Part(f"{label} work buffer", "RAM", cf.work_bytes if (k == 0 or n_cpu_blocks) else MiB,
                           "quantized activations for the CPU kernels"))
-        parts.append(Part(f"{label} logits buffer", "RAM", cf.output_bytes,
-                          f"{max(cf.n_seq, cf.n_outputs)} rows x {fp.n_vocab} floats"))
+        widen = placements.OUTPUT_PICKED if picked else 1
+        parts.append(Part(f"{label} logits buffer", "RAM", widen * cf.output_bytes,
+                          f"{max(cf.n_seq, cf.n_outputs)} rows x {fp.n_vocab} floats"
+                          + (f" x {widen} (greedy picks on the GPU)" if picked else "")))
         return parts, use_mmap, bool(rp), rp, file_bytes
 
     def _compute_part(self, fp: ModelFootprint, cf: ContextFootprint, k: int, n_cpu_blocks: int,
@@ -378,7 +382,8 @@ class Evaluator:
         # target keeps (their weights are what op offload streams to the GPU).
         repack = self.target_repack(cfg) and not (self.m.gpu_offload and 0 < ngl)
         tparts, use_mmap, rp_on, rp_bytes, file_bytes = self._model_ram(
-            t, tc, ngl, cfg.resident, repack, "target", pin=placements.pins_split_target(ngl, t.n_layer, self.m))
+            t, tc, ngl, cfg.resident, repack, "target", pin=placements.pins_split_target(ngl, t.n_layer, self.m),
+            picked=placements.greedy_on_backend(ngl, self.m))
         parts += tparts
         d_mmap = d_repack = False
         if dc is not None:

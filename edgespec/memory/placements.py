@@ -165,6 +165,19 @@ def unplanned_target(n_gpu_layers: int, n_layer: int, m: MachineInfo, use_mmap: 
             use_mmap and not pins_split_target(n_gpu_layers, n_layer, m))
 
 
+def greedy_on_backend(n_gpu_layers: int, m: MachineInfo) -> bool:
+    """Whether greedy requests have the backend pick a target's tokens (edgespec.llama.rows):
+    with its output layer on a GPU (any GPU layer: llama.cpp offloads the output first), where
+    copying back and scanning a vocabulary of logits per verified row costs more than the pick.
+    Its host output buffer then holds four times the logits rows (OUTPUT_PICKED)."""
+    return m.gpu_offload and n_gpu_layers > 0
+
+
+# The host output buffer of a context whose greedy picks the backend makes, over its logits
+# rows alone: llama.cpp adds the sampler's logits, probabilities and candidates per row.
+OUTPUT_PICKED = 4
+
+
 def target_flags(n_gpu_layers: int, gpu_build: bool) -> tuple[bool, bool]:
     """(no_host, op_offload) for the target of a plan: a target wholly on the CPU of a GPU build
     is loaded outside the pinned host buffers (so its weights are repacked) and never ships a

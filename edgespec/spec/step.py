@@ -42,6 +42,8 @@ class _PathRows:
         return recent_window(self._history + [int(self._draft.tokens[i]) for i in path], self._params)
 
     def __getitem__(self, r: int) -> int:  # greedy: the target's token at row r
+        if self._params.repeat_penalty == 1.0:
+            return self._rows.greedy(r)  # a token id, picked on the backend where it can
         return greedy_token(self._rows(r), self._params, self._recent(r))
 
     def gap(self, r: int) -> float:  # greedy: how far row r's choice leads the runner-up
@@ -164,10 +166,16 @@ class SpeculativeStep:
         """Re-decides the position after ``path`` from its last token decoded alone."""
         last = seq.tokens[-1]
         seq.trim(len(seq) - 1)
-        logits = seq.append(last)
+        logits = seq.append(last).logits()
         context = history + [int(draft.tokens[i]) for i in path]
         self._stats.rechecks += 1
         return Acceptance(tuple(path), greedy_token(logits, self._params, recent_window(context, self._params)))
+
+    @property
+    def needs_logits(self) -> bool:
+        """Whether greedy steps read logits rows (re-checks measure near-ties), so the backend
+        must not pick the target's tokens."""
+        return self.recheck_gap > 0
 
     def end(self) -> SpecStats:
         self.drafter.end()

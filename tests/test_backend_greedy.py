@@ -1,0 +1,77 @@
+"""Greedy picks made by llama.cpp's backend sampler (edgespec.llama.rows) on the real llama.cpp:
+the same tokens as the argmax of the logits that come back without it, for plain decoding and
+for speculation, and no logits copied for the rows it picked. The engine turns it on for a
+target with its output layer on a GPU; the CPU build runs the same sampler graph."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.decode.loop import Decoder
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sampling import SamplingParams
+from edgespec.decode.sequence import KVSequence
+from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.errors import BackendError
+from edgespec.llama.backend import ContextParams, LlamaContext
+from edgespec.spec.step import SpeculativeStep
+
+PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number, iteratively."""\n'
+GREEDY = GenerationRequest(max_tokens=48, sampling=SamplingParams())
+
+
+def _decoders(model, on: bool):
+    params = ContextParams(n_ctx=512, n_seq_max=9, n_outputs_max=9, greedy_on_backend=on)
+    plain = Decoder(model, KVSequence(LlamaContext(model, params)))
+    spec = Decoder(model, KVSequence(LlamaContext(model, params)), SpeculativeStep(SuffixDrafter(), 8))
+    return plain, spec
+
+
+def test_backend_picks_equal_the_logits_argmax_in_plain_and_speculative_decoding(small_model):
+    prompt = small_model.tokenize(PROMPT)
+    answers = {}
+    for on in (False, True):
+        plain, spec = _decoders(small_model, on)
+        for name, decoder in (("plain", plain), ("spec", spec)):
+            for _ in range(2):  # the second request repeats the first: the suffix index drafts it
+                done = decoder.generate(prompt, GREEDY)
+            answers[name, on] = done.token_ids
+            assert decoder.seq.ctx._greedy.attached is on
+            assert name == "plain" or done.stats.spec.accepted > 0  # verified drafts, not one-token steps
+        for d in (plain, spec):
+            d.seq.ctx.close()
+    assert answers["plain", True] == answers["plain", False] == answers["spec", False] == answers["spec", True]
+
+
+def test_a_picked_row_has_no_logits_and_other_sequences_keep_theirs(small_model):
+    ctx = LlamaContext(small_model, ContextParams(n_ctx=256, n_seq_max=3, n_outputs_max=4, greedy_on_backend=True))
+    try:
+        tokens = small_model.tokenize(PROMPT)[:8]
+        assert ctx.pick_on_backend(True)
+        rows = ctx.decode_rows(tokens, range(8), [[0]] * 8, [False] * 7 + [True])
+        picked = rows.greedy(7)
+        with pytest.raises(BackendError, match="picked on the backend"):
+            rows(7)
+        ctx.seq_cp(0, 1, 0, 8)
+        ctx.seq_cp(0, 2, 0, 8)
+        # a tree's rows: the pending token in both paths, one child in each
+        rows = ctx.decode_rows([picked, 5, 6], [8, 9, 9], [[1, 2], [1], [2]], [True] * 3)
+        assert all(rows(i).shape == (small_model.n_vocab,) for i in range(3))
+        assert rows.greedy(0) == int(rows(0).argmax())
+        assert not ctx.pick_on_backend(False)
+        ctx.clear()
+        rows = ctx.decode_rows(tokens, range(8), [[0]] * 8, [False] * 7 + [True])
+        assert int(rows(7).argmax()) == picked  # logits again, the backend's pick their argmax
+    finally:
+        ctx.close()
+
+
+def test_only_greedy_requests_without_penalty_let_the_backend_pick(small_model):
+    plain, _ = _decoders(small_model, True)
+    prompt = small_model.tokenize(PROMPT)
+    plain.generate(prompt, GenerationRequest(max_tokens=4, sampling=SamplingParams(repeat_penalty=1.1)))
+    assert not plain.seq.ctx._greedy.attached
+    plain.generate(prompt, GenerationRequest(max_tokens=4, sampling=SamplingParams(temperature=0.7, seed=3)))
+    assert not plain.seq.ctx._greedy.attached
+    plain.generate(prompt, GREEDY)
+    assert plain.seq.ctx._greedy.attached
+    plain.seq.ctx.close()
