@@ -6,11 +6,14 @@ import math
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from edgespec.bench import peers
 from edgespec.errors import EdgespecError
+from edgespec.llama.backend import ModelParams
+from edgespec.load.plan import DrafterPlacement
 
 DATA = Path(__file__).parent / "data" / "peer_output"
 
@@ -214,6 +217,21 @@ def test_command_line_is_greedy_and_file_based(tmp_path):
     assert cmd[cmd.index("-fa") + 1] == "on"  # llama.cpp's default kernel unless the bench asks otherwise
     off = peers.llama_cpp_command("plain", "bin", "t.gguf", None, "p.txt", 16, 2, 4096, flash_attn=False)
     assert off[off.index("-fa") + 1] == "off"
+
+
+def test_native_peers_are_placed_as_edgespec_placed_itself(tmp_path):
+    """A placement's GPU layers reach the native command line: target (-ngl) and drafter (-ngld)."""
+    cmd = peers.llama_cpp_command("draft", "bin", "t.gguf", "d.gguf", "p.txt", 16, 2, 4096, gpu_layers=(29, 25))
+    assert cmd[cmd.index("-ngl") + 1] == "29" and cmd[cmd.index("-ngld") + 1] == "25"
+    cpu = peers.llama_cpp_command("draft", "bin", "t.gguf", "d.gguf", "p.txt", 16, 2, 4096)
+    assert cpu[cpu.index("-ngl") + 1] == "0" and cpu[cpu.index("-ngld") + 1] == "0"
+    drafter = DrafterPlacement(True, ModelParams(n_gpu_layers=25), 0, "")
+    plan = SimpleNamespace(model=ModelParams(n_gpu_layers=0), drafter=drafter)
+    assert peers.gpu_layers_of(plan) == (0, 25)  # draft-gpu: the drafter alone on the GPU
+    assert peers.gpu_layers_of(SimpleNamespace(model=ModelParams(n_gpu_layers=99), drafter=None)) == (99, 0)
+    with pytest.raises(peers.PeerUnavailable, match="CPU only"):
+        peers.run("peer:llama-cpp-python-pld", "x", target_path="m", max_tokens=1, threads=1, ctx=64,
+                  gpu_layers=(99, 0))
 
 
 def test_native_plain_command_drafts_nothing_and_times_like_the_others():

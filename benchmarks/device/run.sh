@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
+#   start receive models real (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -82,7 +83,7 @@ stage_install() {
 # (a venv over the image's packages, edgespec installed without its dependencies, the carried
 # source archive in place of `pip download`, patched by the same script); the Makefile then
 # builds llama-cpp-python with CUDA as a user's machine would. Then doctor and a short run.
-stage_make() {
+make_venv() {
     local v="$W/venv" src=build/llama-cpp-python t0=$SECONDS
     local -a env_=("${OWN[@]}" PIP_NO_INDEX=1)
     if [[ ! -f "$v/.installed-cuda" ]]; then
@@ -101,6 +102,12 @@ stage_make() {
             > "$W/make.log" 2>&1 || { tail -40 "$W/make.log"; fail "make GPU=cuda"; return 1; }
         echo "make GPU=cuda built llama-cpp-python in $(( SECONDS - t0 )) s" | tee "$W/results/make.txt"
     fi
+}
+
+stage_make() {
+    local v="$W/venv"
+    local -a env_=("${OWN[@]}" PIP_NO_INDEX=1)
+    make_venv || return 1
     [[ -f "$W/models/qwen1.5b.gguf" ]] || run 60 "${env_[@]}" "$v/bin/python" benchmarks/device/measure.py \
         clones .device/headers "$W/models"
     local es=("${env_[@]}" "$v/bin/edgespec")
@@ -366,6 +373,88 @@ stage_spec() {
 LIST
 }
 
+# -- the real Qwen2.5-Coder 1.5B + 0.5B (benchmarks/device/slices.sh) ------------------------------
+# Call 1: `run.sh start` builds both in the background: the Makefile's `make GPU=cuda` venv for
+# edgespec and, from the same patched source, llama.cpp's own binaries for the native peers.
+# Then one call per slice: `run.sh receive`. Then `run.sh models real` (again until done).
+REAL=(qwen2.5-coder-1.5b qwen2.5-coder-0.5b)
+HOME_ES="$W/home"
+
+stage_start() {
+    mkdir -p "$W/bg"
+    [[ -f "$W/venv/.installed-cuda" ]] || BUDGET_S=1500 OUT="$W/bg/make" setsid nohup bash benchmarks/device/run.sh makebuild \
+        > "$W/bg/make.log" 2>&1 < /dev/null &
+    [[ -x "$W/build/bin/llama-speculative-simple" ]] || BUDGET_S=1500 OUT="$W/bg/out" setsid nohup \
+        bash benchmarks/device/run.sh build > "$W/bg/build.log" 2>&1 < /dev/null &
+    echo started
+}
+stage_makebuild() { make_venv; }
+
+stage_receive() {  # the slice folders this call carried
+    mkdir -p "$W/slices" && cp -n .slices/*/*.part* "$W/slices/" && ls "$W/slices" | wc -l
+}
+
+stage_models() {  # joined, size and sha256 checked against models/*.json before anything reads them
+    mkdir -p "$HOME_ES/models" "$HOME_ES/peers"
+    ln -sfn "$W/build/bin" "$HOME_ES/peers/bin"
+    local m file
+    for m in "${REAL[@]}"; do
+        file=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["file"])' "models/$m.json")
+        [[ -s "$HOME_ES/models/$file" ]] && continue
+        cat "$W/slices/$file".part* > "$HOME_ES/models/$file.joining"
+        python3 - "models/$m.json" "$HOME_ES/models/$file.joining" <<'PY' || { fail "models: $m corrupt"; return 1; }
+import hashlib, json, os, sys
+m = json.load(open(sys.argv[1])); h = hashlib.sha256()
+with open(sys.argv[2], "rb") as f:
+    for block in iter(lambda: f.read(1 << 24), b""):
+        h.update(block)
+ok = os.path.getsize(sys.argv[2]) == m["size"] and h.hexdigest() == m["sha256"]
+print(m["name"], "size and sha256", "match" if ok else "DO NOT MATCH the manifest")
+sys.exit(0 if ok else 1)
+PY
+        mv "$HOME_ES/models/$file.joining" "$HOME_ES/models/$file"
+    done
+}
+
+wait_for() {  # wait_for FILE SECONDS: until FILE exists (a background build's product)
+    local t=0
+    while [[ ! -e "$1" ]] && (( t < $2 )); do sleep 5; t=$((t + 5)); done
+    [[ -e "$1" ]] || { fail "not built: $1"; tail -20 "$W"/bg/*.log; return 1; }
+}
+
+# real NAME SECONDS_NEEDED BENCH_ARGS...: one `edgespec bench` on the real pair, skipped once done
+real() {
+    local name=$1 need=$2; shift 2
+    [[ -s "$W/results/real-$name.json" ]] && return
+    run "$need" env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" PATH="$W/build/bin:$PATH" "$W/venv/bin/edgespec" bench \
+        --model qwen2.5-coder-1.5b --threads 8 --share-prefill --json "$W/results/real-$name.json" \
+        --markdown "$W/results/real-$name.md" "$@" > "$W/results/real-$name.log" 2>&1 \
+        || { tail -5 "$W/results/real-$name.log"; return 1; }
+    tail -25 "$W/results/real-$name.md"
+}
+
+stage_real() {
+    wait_for "$W/venv/.installed-cuda" 420 || return 1
+    wait_for "$W/build/bin/llama-speculative-simple" 120
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m
+    for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    [[ -s "$W/results/real-profile.json" ]] || run 120 env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" \
+        "$W/venv/bin/python" benchmarks/device/profile_step.py qwen2.5-coder-1.5b "$W/results/real-profile.json" gpu
+    local peers=peer:llama.cpp-plain,peer:llama.cpp-draft sb=(--suite specbench --split test) ce=(--suite code-edit-test)
+    real gpu-specbench 90 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,model,auto,$peers
+    real gpu-codeedit 90 "${ce[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto,$peers
+    real gpu-specbench-host-greedy 60 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --no-backend-greedy \
+        --configs plain,suffix,auto
+    real draft-gpu-specbench 150 "${sb[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
+    real draft-gpu-codeedit 120 "${ce[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
+    real budget-900-specbench 90 "${sb[@]}" --limit 1 --max-tokens 128 --vram-budget 900MiB --configs plain,auto,$peers
+    real offload-1400-specbench 90 "${sb[@]}" --limit 1 --max-tokens 128 --placement offload --vram-budget 1400MiB \
+        --configs plain,auto
+    real overlap-specbench 120 "${sb[@]}" --limit 1 --max-tokens 128 --placement overlap --configs plain,auto,$peers
+    { "${es[@]}" plan --model qwen2.5-coder-1.5b --draft auto --placement offload --vram-budget 1400MiB
+      "${es[@]}" plan --model qwen2.5-coder-1.5b --draft auto --vram-budget 900MiB; } > "$W/results/real-plans.txt" 2>&1
+}
+
 collect() {
     set +x
     python3 - "$W/results" "$OUT" <<'PY'
@@ -377,13 +466,14 @@ def load(pattern):
         try:
             with open(p) as f:
                 # llama.cpp prints the clones' random tokens: not always UTF-8
-                d[os.path.basename(p)] = (open(p, errors="replace").read() if p.endswith(".txt")
-                                          else json.load(f))
+                d[os.path.basename(p)] = (json.load(f) if p.endswith(".json")
+                                          else open(p, errors="replace").read())
         except Exception as e:  # a run cut off mid-write
             d[os.path.basename(p)] = f"unreadable: {e}"
     return d
 for name, pattern in (("curves", "curve-*.json"), ("bench", "bench-*.json"), ("spec", "spec-*.txt"),
-                      ("engine", "engine-*.json"), ("mixed", "mixed-*.json"), ("sequence", "sequence-*.json"), ("diag", "*tests.txt"), ("make", "make.txt"), ("numpy", "numpy.txt")):
+                      ("engine", "engine-*.json"), ("mixed", "mixed-*.json"), ("sequence", "sequence-*.json"), ("diag", "*tests.txt"), ("make", "make.txt"), ("numpy", "numpy.txt"),
+                      ("real", "real-*")):
     found = load(pattern)
     if found:  # only 8 files come back: none spent on an empty one
         with open(os.path.join(out, name + ".json"), "w") as f:
@@ -394,14 +484,14 @@ PY
     cat "$OUT/failures.txt" 2>/dev/null
 }
 
-trap collect EXIT
 stages=("$@")
+[[ " ${stages[*]} " =~ ^(\ (start|receive))+\ $ ]] || trap collect EXIT  # nothing to collect yet
 (( ${#stages[@]} )) || stages=(build clones curves bench spec)
 stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports) "stage_$s" ;;  # their own venv: not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done

@@ -275,8 +275,10 @@ def write_prompt_file(path: str | os.PathLike, prompt_text: str) -> Path:
 def llama_cpp_command(kind: str, binary: str | os.PathLike, target_path: str | os.PathLike,
                       draft_path: str | os.PathLike | None, prompt_file: str | os.PathLike,
                       max_tokens: int, threads: int, ctx: int,
-                      draft_n_max: int = DRAFT_N_MAX, flash_attn: bool = True) -> list[str]:
-    """The argument vector of one greedy ``llama-speculative-simple`` run."""
+                      draft_n_max: int = DRAFT_N_MAX, flash_attn: bool = True,
+                      gpu_layers: tuple[int, int] = (0, 0)) -> list[str]:
+    """The argument vector of one greedy ``llama-speculative-simple`` run; ``gpu_layers``: the
+    target's and the drafter's layers on the GPU (as edgespec placed its own)."""
     if kind not in NATIVE_KINDS:
         raise InvalidRequest(f"unknown llama.cpp peer kind {kind!r} (known: {', '.join(NATIVE_KINDS)})")
     cmd = [str(binary), "-m", str(target_path), "-f", str(prompt_file),
@@ -284,12 +286,12 @@ def llama_cpp_command(kind: str, binary: str | os.PathLike, target_path: str | o
            "-n", str(max(max_tokens - 1, 0)),
            "-t", str(threads), "-tb", str(threads),
            "-c", str(ctx), "-b", str(ctx), "-ub", "512",
-           "-fa", "on" if flash_attn else "off", "-ngl", "0",
+           "-fa", "on" if flash_attn else "off", "-ngl", str(gpu_layers[0]),
            "--temp", "0", "--top-k", "1", "--seed", "0"]
     if kind == "draft":
         cmd += ["--spec-type", "draft-simple", "-md", str(draft_path),
                 "--spec-draft-n-max", str(draft_n_max),
-                "-td", str(threads), "-tbd", str(threads), "-ngld", "0"]
+                "-td", str(threads), "-tbd", str(threads), "-ngld", str(gpu_layers[1])]
     elif kind == "plain":
         cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NEVER_DRAFT_NGRAM_N),
                 "--spec-ngram-simple-size-m", str(NEVER_DRAFT_NGRAM_M)]
@@ -300,13 +302,14 @@ def llama_cpp_command(kind: str, binary: str | os.PathLike, target_path: str | o
 
 def run_llama_cpp_peer(kind: str, target_path: str | os.PathLike, draft_path: str | os.PathLike | None,
                        prompt_text: str, max_tokens: int, threads: int, ctx: int,
-                       timeout: float | None = DEFAULT_TIMEOUT_S,
-                       draft_n_max: int = DRAFT_N_MAX, flash_attn: bool = True) -> PeerResult:
+                       timeout: float | None = DEFAULT_TIMEOUT_S, draft_n_max: int = DRAFT_N_MAX,
+                       flash_attn: bool = True, gpu_layers: tuple[int, int] = (0, 0)) -> PeerResult:
     """Runs llama.cpp's ``llama-speculative-simple`` greedily on an already-templated prompt.
 
     ``kind`` is ``"draft"`` (needs ``draft_path``, a drafter with the target's vocabulary),
     ``"ngram-mod"`` or ``"plain"`` (drafts nothing). The prompt travels in a file (``-f``), so
     no quoting is involved. ``flash_attn``: the attention kernel (llama.cpp's default: on).
+    ``gpu_layers``: the target's and the drafter's layers on the GPU.
 
     Raises:
         PeerUnavailable: the binary is not built, or ``draft`` has no drafter.
@@ -325,7 +328,7 @@ def run_llama_cpp_peer(kind: str, target_path: str | os.PathLike, draft_path: st
     with tempfile.TemporaryDirectory(prefix="edgespec-peer-") as tmp:
         pfile = write_prompt_file(Path(tmp) / "prompt.txt", to_send)
         cmd = llama_cpp_command(kind, binary, target_path, draft_path, pfile, max_tokens, threads,
-                                ctx, draft_n_max, flash_attn)
+                                ctx, draft_n_max, flash_attn, gpu_layers)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL, capture_output=True,
@@ -381,7 +384,9 @@ def parse_run(stderr: str, stdout: str, prompt_shown: str, max_tokens: int) -> P
 
 # -- the registry -----------------------------------------------------------------------------
 def _run_pld(prompt_text: str, *, target_path, draft_path=None, max_tokens: int, threads: int,
-             ctx: int, timeout: float | None = None, flash_attn: bool = True) -> PeerResult:
+             ctx: int, timeout: float | None = None, flash_attn: bool = True, gpu_layers=(0, 0)) -> PeerResult:
+    if gpu_layers[0]:
+        raise PeerUnavailable("peer:llama-cpp-python-pld runs on the CPU only")
     d = pld.prompt_lookup_generate(str(target_path), prompt_text, max_tokens, threads, ctx,
                                        num_pred_tokens=PLD_NUM_PRED_TOKENS, flash_attn=flash_attn)
     raw = dict(d, num_pred_tokens=PLD_NUM_PRED_TOKENS)
@@ -392,9 +397,10 @@ def _run_pld(prompt_text: str, *, target_path, draft_path=None, max_tokens: int,
 
 def _native(kind: str) -> Callable[..., PeerResult]:
     def run_native(prompt_text: str, *, target_path, draft_path=None, max_tokens: int, threads: int,
-                   ctx: int, timeout: float | None = DEFAULT_TIMEOUT_S, flash_attn: bool = True) -> PeerResult:
+                   ctx: int, timeout: float | None = DEFAULT_TIMEOUT_S, flash_attn: bool = True,
+                   gpu_layers: tuple[int, int] = (0, 0)) -> PeerResult:
         return run_llama_cpp_peer(kind, target_path, draft_path, prompt_text, max_tokens, threads,
-                                  ctx, timeout=timeout, flash_attn=flash_attn)
+                                  ctx, timeout=timeout, flash_attn=flash_attn, gpu_layers=gpu_layers)
 
     run_native.__name__ = f"run_llama_cpp_{kind.replace('-', '_')}"
     return run_native
@@ -408,6 +414,13 @@ PEERS: dict[str, Callable[..., PeerResult]] = {
 }
 
 
+def gpu_layers_of(plan) -> tuple[int, int]:
+    """The target's and the drafter's GPU layers of an edgespec LoadPlan: a native peer placed
+    as edgespec placed itself (the drafter of a load as asked stays on the CPU)."""
+    d = plan.drafter
+    return plan.model.n_gpu_layers, d.model_params.n_gpu_layers if d is not None and d.model_params else 0
+
+
 def unavailable_reason(peer_name: str) -> str | None:
     """Why ``peer_name`` cannot run here (one line), or None when it can."""
     if peer_name not in PEERS:
@@ -418,15 +431,17 @@ def unavailable_reason(peer_name: str) -> str | None:
 
 
 def run(peer_name: str, prompt_text: str, *, target_path, draft_path=None, max_tokens: int,
-        threads: int, ctx: int, timeout: float | None = None, flash_attn: bool = True) -> PeerResult:
+        threads: int, ctx: int, timeout: float | None = None, flash_attn: bool = True,
+        gpu_layers: tuple[int, int] = (0, 0)) -> PeerResult:
     """Runs one peer by its configuration name on an already-templated prompt, with flash
-    attention unless ``flash_attn`` is False (llama.cpp's default is on)."""
+    attention unless ``flash_attn`` is False (llama.cpp's default is on), with ``gpu_layers``
+    of the target and the drafter on the GPU (edgespec's own placement, ``gpu_layers_of``)."""
     fn = PEERS.get(peer_name)
     if fn is None:
         raise InvalidRequest(f"unknown peer {peer_name!r} (known: {', '.join(PEERS)})")
     kwargs = {} if timeout is None else {"timeout": timeout}
     return fn(prompt_text, target_path=target_path, draft_path=draft_path, max_tokens=max_tokens,
-              threads=threads, ctx=ctx, flash_attn=flash_attn, **kwargs)
+              threads=threads, ctx=ctx, flash_attn=flash_attn, gpu_layers=gpu_layers, **kwargs)
 
 
 def close() -> None:

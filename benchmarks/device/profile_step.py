@@ -1,0 +1,102 @@
+"""Where one GPU step's time goes: inside llama_decode (kernels, synchronised) vs. everything else.
+
+    profile_step.py TARGET.gguf OUT.json [PLACEMENT [THREADS [TOKENS]]]
+
+For plain decoding and for suffix speculation on held-out code edits (the suite
+`code-edit-test`), with greedy picks on the GPU and without, the time per step split into:
+llama_decode plus the wait for its kernels (``decode``), reading rows (``rows``: logits copies and
+argmax, or the sampled token ids), the drafter's ``propose``, and the rest (Python of the step,
+acceptance, output). The profile synchronises after each decode so that kernel time lands in
+``decode``; without it the wait would hide in the first row read.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+
+from edgespec.bench.prompts import load_suite, select
+from edgespec.decode.loop import Decoder
+from edgespec.decode.request import GenerationRequest
+from edgespec.decode.sampling import SamplingParams
+from edgespec.engine import Engine, EngineConfig
+from edgespec.llama import backend, rows
+
+TOKENS = 256
+clock = defaultdict(float)
+counts = defaultdict(int)
+
+
+def timed(owner, name: str, key: str, sync=None):
+    """Wraps owner.name so that its time adds to clock[key]."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            out = inner(*args, **kwargs)
+            if sync is not None:
+                sync(args[0])
+            return out
+        finally:
+            clock[key] += time.perf_counter() - t
+            counts[key] += 1
+    setattr(owner, name, wrapper)
+
+
+def profile(engine: Engine, prompts, draft: bool) -> dict:
+    decoder = engine.decoder if draft else Decoder(engine.model, engine.seq)
+    clock.clear(), counts.clear()
+    total = steps = tokens = prefill = 0.0
+    for p in prompts:
+        engine.reset()
+        tokens_in = engine.chat_tokens([{"role": "user", "content": p.text}]) if p.templated \
+            else engine.text_tokens(p.text)
+        done = decoder.generate(tokens_in,
+                                GenerationRequest(max_tokens=TOKENS, sampling=SamplingParams()))
+        total += done.stats.gen_s
+        prefill += done.stats.prompt_eval_s  # the prompt's decodes: not a step's
+        tokens += done.stats.generated_tokens
+        steps += done.stats.spec.steps if done.stats.spec else done.stats.generated_tokens
+    decode = clock["decode"] - prefill
+    out = {"draft": draft, "greedy_on_backend": engine.ctx.params.greedy_on_backend, "steps": steps, "tokens": tokens,
+           "tok_per_s": tokens / total, "ms_per_step": 1e3 * total / steps,
+           "decode_ms_per_step": 1e3 * decode / steps, "rows_ms_per_step": 1e3 * clock["rows"] / steps,
+           "propose_ms_per_step": 1e3 * clock["propose"] / steps}
+    out["other_ms_per_step"] = out["ms_per_step"] - out["decode_ms_per_step"] - out["rows_ms_per_step"] \
+        - out["propose_ms_per_step"]
+    return out
+
+
+def main() -> None:
+    target, out_path = sys.argv[1], sys.argv[2]
+    placement = sys.argv[3] if len(sys.argv) > 3 else "gpu"
+    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 8
+    global TOKENS
+    TOKENS = int(sys.argv[5]) if len(sys.argv) > 5 else TOKENS
+    lc = backend.lc
+    timed(backend.lc, "llama_decode", "decode", sync=lc.llama_synchronize)
+    for name in ("__call__", "greedy"):
+        timed(rows.Rows, name, "rows")
+    prompts = select(load_suite("code-edit-test"), 1, "test")
+    warm = select(load_suite("code-edit-test"), 1, "validate")[:1]
+    results = []
+    for on in (True, False):  # a fresh engine each: the suffix index learns from every answer
+        config = EngineConfig(model=target, draft="suffix", placement=placement, n_threads=threads,
+                              greedy_on_backend=on)
+        with Engine(config) as engine:
+            timed(engine.drafter, "propose", "propose")
+            profile(engine, warm, True)  # warm-up: graphs, caches
+            for draft in (False, True):
+                results.append(profile(engine, prompts, draft))
+                print(json.dumps(results[-1]), flush=True)
+    one = {r["greedy_on_backend"]: r["decode_ms_per_step"] for r in results if not r["draft"]}
+    for r in results:  # host time per step over the target's one-token decode
+        r["host_share_of_one_token"] = (r["ms_per_step"] - r["decode_ms_per_step"]) / one[r["greedy_on_backend"]]
+    with open(out_path, "w") as f:
+        json.dump({"target": target, "placement": placement, "tokens": TOKENS, "runs": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
