@@ -11,7 +11,7 @@
  *   V=.venv/lib/python3*\/site-packages/llama_cpp/lib G=/tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml
  *   cc -O2 -ffp-contract=off -pthread -I$G/include native/qmatmul/qmatmul.c native/qmatmul/bench_qmatmul.c \
  *      -L$V -Wl,-rpath,$(realpath $V) -lggml -lggml-base -lggml-cpu -lm -o /tmp/bench_qmatmul
- *   flock /tmp/edgespec-cpu.lock /tmp/bench_qmatmul [threads=2] [path: avx2|avx2-2rows|avx512vnni|auto]
+ *   flock /tmp/edgespec-cpu.lock /tmp/bench_qmatmul [threads=2] [path: avx2|avx2-1row|avx512vnni|auto]
  *       [ffn,model,micro] [norepack]
  * With LD_LIBRARY_PATH pointing at a ggml built with llama_cpp_qmatmul.py's patch (and norepack),
  * the ggml columns are llama.cpp's patched matmul.
@@ -212,7 +212,7 @@ int main(int argc, char **argv) {
     int path = QMM_AUTO;
     if (argc > 2)
         path = !strcmp(argv[2], "avx2") ? QMM_AVX2 : !strcmp(argv[2], "avx512vnni") ? QMM_AVX512
-             : !strcmp(argv[2], "avx2-2rows") ? QMM_AVX2_R2 : QMM_AUTO;
+             : !strcmp(argv[2], "avx2-1row") ? QMM_AVX2_1ROW : QMM_AUTO;
     if (path == QMM_AUTO) path = qmm_best_path();
     const char *which = argc > 3 ? argv[3] : "ffn,model";
     ggml_cpu_init();

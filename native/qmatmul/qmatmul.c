@@ -523,7 +523,7 @@ static int have(int path) {
     case QMM_SCALAR: return 1;
 #ifdef QMM_X86
     case QMM_AVX2:
-    case QMM_AVX2_R2:
+    case QMM_AVX2_1ROW:
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case QMM_AVX512:
         return have(QMM_AVX2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -538,7 +538,7 @@ int qmm_best_path(void) {
 }
 
 const char *qmm_path_name(int path) {
-    static const char *names[] = {"auto", "scalar", "avx2", "avx512vnni", "avx2-2rows"};
+    static const char *names[] = {"auto", "scalar", "avx2", "avx512vnni", "avx2-1row"};
     return path >= 0 && path <= 4 ? names[path] : "?";
 }
 
@@ -554,8 +554,8 @@ int qmm_q4_K(int path, int K, int o0, int o1, int n, const qmm_block_q4_K *W,
     if (!xm) return -1;
 #ifdef QMM_X86
     if (path == QMM_AVX512) { q4k_avx512(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
-    if (path == QMM_AVX2) { q4k_avx2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
-    if (path == QMM_AVX2_R2) { q4k_avx2_r2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
+    if (path == QMM_AVX2) { q4k_avx2_r2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
+    if (path == QMM_AVX2_1ROW) { q4k_avx2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
 #endif
     q4k_scalar(K, o0, o1, n, W, X, xm, Y, ldy);
     return 0;
@@ -566,7 +566,7 @@ int qmm_q6_K(int path, int K, int o0, int o1, int n, const qmm_block_q6_K *W,
     if (!check(&path, K, o0, o1, n)) return -1;
 #ifdef QMM_X86
     if (path == QMM_AVX512) { q6k_avx512(K, o0, o1, n, W, X, Y, ldy); return 0; }
-    if (path == QMM_AVX2 || path == QMM_AVX2_R2) { q6k_avx2(K, o0, o1, n, W, X, Y, ldy); return 0; }
+    if (path == QMM_AVX2 || path == QMM_AVX2_1ROW) { q6k_avx2(K, o0, o1, n, W, X, Y, ldy); return 0; }
 #endif
     q6k_scalar(K, o0, o1, n, W, X, Y, ldy);
     return 0;
