@@ -441,18 +441,16 @@ stage_real() {
     [[ -s "$W/results/real-profile.json" ]] || run 120 env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" \
         "$W/venv/bin/python" benchmarks/device/profile_step.py qwen2.5-coder-1.5b "$W/results/real-profile.json" gpu
     local peers=peer:llama.cpp-plain,peer:llama.cpp-draft sb=(--suite specbench --split test) ce=(--suite code-edit-test)
-    real gpu-specbench 90 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,model,auto,$peers
-    real gpu-codeedit 90 "${ce[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto,$peers
-    real gpu-specbench-host-greedy 60 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --no-backend-greedy \
-        --configs plain,suffix,auto
-    real draft-gpu-specbench 150 "${sb[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
-    real draft-gpu-codeedit 120 "${ce[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
-    real budget-900-specbench 90 "${sb[@]}" --limit 1 --max-tokens 128 --vram-budget 900MiB --configs plain,auto,$peers
-    real offload-1400-specbench 90 "${sb[@]}" --limit 1 --max-tokens 128 --placement offload --vram-budget 1400MiB \
-        --configs plain,auto
-    real overlap-specbench 120 "${sb[@]}" --limit 1 --max-tokens 128 --placement overlap --configs plain,auto,$peers
     { "${es[@]}" plan --model qwen2.5-coder-1.5b --draft auto --placement offload --vram-budget 1400MiB
       "${es[@]}" plan --model qwen2.5-coder-1.5b --draft auto --vram-budget 900MiB; } > "$W/results/real-plans.txt" 2>&1
+    real gpu-specbench 90 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto,$peers
+    real gpu-codeedit 90 "${ce[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto,$peers
+    real draft-gpu-specbench 150 "${sb[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
+    real budget-900-specbench 90 "${sb[@]}" --limit 1 --max-tokens 128 --vram-budget 900MiB --configs plain,auto,$peers
+    real draft-gpu-codeedit 120 "${ce[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
+    real gpu-specbench-host-greedy 60 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --no-backend-greedy \
+        --configs plain,suffix,auto
+    real overlap-specbench 120 "${sb[@]}" --limit 1 --max-tokens 128 --placement overlap --configs plain,auto,$peers
 }
 
 collect() {
