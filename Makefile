@@ -74,7 +74,7 @@ demo: models
 test: test-models
 	@rc=0; \
 	$(BIN)/python -m pytest -q -m model_free -n $(NPROC) || rc=1; \
-	OMP_THREAD_LIMIT=1 $(BIN)/python -m pytest -q -m "not model_free and not serial and not gpu" -n 2 || rc=1; \
+	OMP_THREAD_LIMIT=1 $(BIN)/python -m pytest -q -m "not model_free and not serial and not gpu" -n 2 --dist loadgroup || rc=1; \
 	$(BIN)/python -m pytest -q -m "serial or gpu" || rc=1; \
 	exit $$rc
 

@@ -101,6 +101,15 @@ def pytest_configure(config) -> None:
                                        "`make test` runs these alone (tests/conftest.py SERIAL)")
 
 
+# Real-model modules whose tests share costly fixtures run on one worker each (`make test` runs
+# the real-model tests with --dist loadgroup), so that each fixture is made once: the F32 copy's
+# and the Qwen pair's plain answers and the exact sampling law; the session's ONNX conversions
+# (the exact one and the registry's). xdist hands out the largest groups first.
+XDIST_GROUPS = {"test_speculative": "speculative", "test_onnx_convert": "onnx", "test_onnx_drafter": "onnx",
+                "test_onnx_plumbing": "onnx", "test_onnx_speculative": "onnx"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         module = item.module.__name__
@@ -108,6 +117,8 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker("model_free")
         if item.originalname in SERIAL.get(module, ()):
             item.add_marker("serial")
+        if module in XDIST_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[module]))
 
 
 _RUNNING_MODEL_FREE: list[str] = []  # the model_free test running now, if any
