@@ -554,7 +554,10 @@ int qmm_q4_K(int path, int K, int o0, int o1, int n, const qmm_block_q4_K *W,
     if (!xm) return -1;
 #ifdef QMM_X86
     if (path == QMM_AVX512) { q4k_avx512(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
-    if (path == QMM_AVX2) { q4k_avx2_r2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
+    /* Both AVX2 kernels give the same bits, so the choice may follow n: in the real 1.5B one
+     * weight row per pass was faster up to n = 8, two from n = 32 (n = 16 a tie). */
+    if (path == QMM_AVX2 && n >= 16) { q4k_avx2_r2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
+    if (path == QMM_AVX2) { q4k_avx2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
     if (path == QMM_AVX2_1ROW) { q4k_avx2(K, o0, o1, n, W, X, xm, Y, ldy); return 0; }
 #endif
     q4k_scalar(K, o0, o1, n, W, X, xm, Y, ldy);
