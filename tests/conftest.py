@@ -24,7 +24,7 @@ GEMMA = "gemma3-270m"
 # magnitude, while two of one thread each do not.
 MODEL_FREE = {"test_acceptance", "test_plumbing", "test_policy", "test_recheck", "test_replay",
               "test_sampling", "test_suffix_index", "test_text", "test_gguf", "test_store",
-              "test_cli_models", "test_tree_search", "test_llama_patches"}
+              "test_cli_models", "test_tree_search", "test_llama_patches", "test_qmatmul"}
 # Modules of both kinds: the tests named here load a model, in this process or in a child
 # process (a command, a server, a fresh interpreter); every other test of the module loads none
 # (settings, refusals before loading, plans read from GGUF headers, fakes) and is model_free.
