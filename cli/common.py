@@ -93,9 +93,9 @@ EXACT = typer.Option(False, "--exact",
                           "tiled matmul off) and chain drafts. The target must run on the CPU; plain "
                           "decoding is 5-10% slower and a 16-token verification costs about twice as much.")
 GREEDY_ON_BACKEND = typer.Option(True, "--backend-greedy/--no-backend-greedy",
-                                 help="Greedy requests with the target's output layer on a GPU: the GPU picks "
-                                      "each verified row's token and only token ids come back (default), or "
-                                      "every row's logits come back and the CPU picks.")
+                                 help="Plain greedy decoding with the target's output layer on a GPU: the GPU "
+                                      "picks each token and only its id comes back (default), or the logits "
+                                      "come back and the CPU picks.")
 FLASH_ATTN = typer.Option(None, "--flash-attn/--no-flash-attn",
                           help="The target's attention kernel (default: off for a target on the CPU with an f16 "
                                "cache, where it slows multi-token verification at long contexts; else llama.cpp's choice).")

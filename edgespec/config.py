@@ -66,8 +66,8 @@ class EngineConfig:
     # row is computed bit for bit as a one-token decode, so greedy speculation returns exactly
     # the answer plain greedy decoding gives under the same kernels. Verifies chains only.
     exact: bool = False
-    # Greedy requests have the GPU pick the target's tokens where its output layer is there
-    # (edgespec.llama.rows): one token id per verified row comes back instead of its logits.
+    # Plain greedy decoding (no drafter) has the GPU pick the target's tokens where its output
+    # layer is there (edgespec.llama.rows): a token id comes back instead of the logits.
     greedy_on_backend: bool = True
 
     def __post_init__(self) -> None:

@@ -13,7 +13,9 @@ import pytest
 from edgespec.bench import peers
 from edgespec.errors import EdgespecError
 from edgespec.llama.backend import ModelParams
+from edgespec.config import EngineConfig
 from edgespec.load.plan import DrafterPlacement
+from edgespec.memory.placements import MODES
 
 DATA = Path(__file__).parent / "data" / "peer_output"
 
@@ -226,9 +228,17 @@ def test_native_peers_are_placed_as_edgespec_placed_itself(tmp_path):
     cpu = peers.llama_cpp_command("draft", "bin", "t.gguf", "d.gguf", "p.txt", 16, 2, 4096)
     assert cpu[cpu.index("-ngl") + 1] == "0" and cpu[cpu.index("-ngld") + 1] == "0"
     drafter = DrafterPlacement(True, ModelParams(n_gpu_layers=25), 0, "")
-    plan = SimpleNamespace(model=ModelParams(n_gpu_layers=0), drafter=drafter)
+    plan = SimpleNamespace(model=ModelParams(n_gpu_layers=0), drafter=drafter, mode=MODES["draft-gpu"])
     assert peers.gpu_layers_of(plan) == (0, 25)  # draft-gpu: the drafter alone on the GPU
-    assert peers.gpu_layers_of(SimpleNamespace(model=ModelParams(n_gpu_layers=99), drafter=None)) == (99, 0)
+    left_out = DrafterPlacement(False, None, 0, "")
+    gpu = SimpleNamespace(model=ModelParams(n_gpu_layers=29), drafter=left_out, mode=MODES["gpu"],
+                          config=EngineConfig(placement="gpu"))
+    assert peers.gpu_layers_of(gpu) == (29, peers.ALL_LAYERS)  # where edgespec would put it
+    budget = SimpleNamespace(model=ModelParams(n_gpu_layers=14), drafter=left_out, mode=MODES["offload"],
+                             config=EngineConfig(vram_budget=900 << 20))
+    assert peers.gpu_layers_of(budget) == (14, 0)  # not past the VRAM budget edgespec kept to
+    as_asked = SimpleNamespace(model=ModelParams(n_gpu_layers=99), drafter=None, mode=None, config=EngineConfig())
+    assert peers.gpu_layers_of(as_asked) == (99, 0)
     with pytest.raises(peers.PeerUnavailable, match="CPU only"):
         peers.run("peer:llama-cpp-python-pld", "x", target_path="m", max_tokens=1, threads=1, ctx=64,
                   gpu_layers=(99, 0))

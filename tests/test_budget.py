@@ -139,7 +139,7 @@ def test_a_planned_load_that_drops_the_drafter_counts_it_where_the_rule_read(mod
     target, drafter = str(model_path(TARGET)), str(model_path(DRAFTER))
     t, d = planner.estimate_model(target), planner.estimate_model(drafter)
     m = gpu_machine(16 * GiB)
-    beside = planner.make_plan(t, d, 8 * GiB, 1500 * MiB, 4096, machine_info=m)
+    beside = planner.make_plan(t, d, 8 * GiB, 1500 * MiB, 4096, machine_info=m, placement="offload")
     alone = planner.make_plan(t, None, 8 * GiB, 1500 * MiB, 4096, machine_info=m)
     assert beside.n_gpu_layers < alone.n_gpu_layers
     home = ModelStore(tmp_path).home

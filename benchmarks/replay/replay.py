@@ -407,14 +407,34 @@ class TraceModel:
 class _Ctx:
     n_ctx: int
 
+    def pick_on_backend(self, on: bool) -> bool:
+        return False  # a trace's rows are logits
+
+
+class _Row:
+    """One row of a trace (edgespec.llama.rows.Row's interface)."""
+
+    def __init__(self, logits: np.ndarray):
+        self._logits = logits
+
+    def logits(self) -> np.ndarray:
+        return self._logits
+
+    def greedy(self) -> int:
+        return int(np.argmax(self._logits))
+
 
 class _Verification:
     def __init__(self, seq: TraceSequence, pending: int, draft: DraftTree):
         self._seq, self._pending, self._draft = seq, pending, draft
         self._depth = draft.depth()
         self.committed = False
+        self.rows = self  # edgespec.llama.rows.Rows's interface: rows(r), rows.greedy(r)
 
-    def rows(self, r: int) -> np.ndarray:
+    def greedy(self, r: int) -> int:
+        return int(np.argmax(self(r)))
+
+    def __call__(self, r: int) -> np.ndarray:
         """Row r's logits (one-hot at the plain token); only rows on the plain path are known."""
         seq, q0 = self._seq, len(self._seq.tokens) + 1 - len(self._seq.prompt)
         path = self._draft.path_to(r - 1) if r > 0 else []
@@ -448,15 +468,15 @@ class TraceSequence:
         row[self.output[q] if q < len(self.output) else self._unknown] = 1.0
         return row
 
-    def sync(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+    def sync(self, tokens: Sequence[int]) -> tuple[_Row, int]:
         keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
         self.tokens = list(tokens)
-        return self.logits(len(tokens) - len(self.prompt)), keep
+        return _Row(self.logits(len(tokens) - len(self.prompt))), keep
 
-    def append(self, token: int) -> np.ndarray:
+    def append(self, token: int) -> _Row:
         self.ledger.target(1, len(self.tokens))
         self.tokens.append(int(token))
-        return self.logits(len(self.tokens) - len(self.prompt))
+        return _Row(self.logits(len(self.tokens) - len(self.prompt)))
 
     def trim(self, n: int) -> None:
         del self.tokens[n:]

@@ -414,11 +414,19 @@ PEERS: dict[str, Callable[..., PeerResult]] = {
 }
 
 
+ALL_LAYERS = 999
+
+
 def gpu_layers_of(plan) -> tuple[int, int]:
     """The target's and the drafter's GPU layers of an edgespec LoadPlan: a native peer placed
-    as edgespec placed itself (the drafter of a load as asked stays on the CPU)."""
-    d = plan.drafter
-    return plan.model.n_gpu_layers, d.model_params.n_gpu_layers if d is not None and d.model_params else 0
+    as edgespec placed itself. A drafter the plan left out (``auto``'s calibration) goes where
+    the placement puts drafters, unless a VRAM budget is in force; loads as asked keep it on
+    the CPU."""
+    d, mode = plan.drafter, plan.mode
+    if d is not None and d.model_params is not None:
+        return plan.model.n_gpu_layers, d.model_params.n_gpu_layers
+    on_gpu = mode is not None and mode.drafter == "gpu" and plan.config.vram_budget is None
+    return plan.model.n_gpu_layers, ALL_LAYERS if on_gpu else 0
 
 
 def unavailable_reason(peer_name: str) -> str | None:

@@ -383,7 +383,7 @@ class Evaluator:
         repack = self.target_repack(cfg) and not (self.m.gpu_offload and 0 < ngl)
         tparts, use_mmap, rp_on, rp_bytes, file_bytes = self._model_ram(
             t, tc, ngl, cfg.resident, repack, "target", pin=placements.pins_split_target(ngl, t.n_layer, self.m),
-            picked=placements.greedy_on_backend(ngl, self.m))
+            picked=placements.greedy_on_backend(ngl, self.m) and cfg.drafter == "none" and not cfg.suffix_cap)
         parts += tparts
         d_mmap = d_repack = False
         if dc is not None:
