@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real target and drafter in slices the GPU machine can receive (one run call carries at most
 # 64 MiB), on the development machine, each slice in its own ignored folder:
-#   .slices/NN/<model file>.partKK      60 MiB each; carry: [".slices/NN"], one call per slice
+#   .slices/NN/<model file>.partKK      45 MiB each (the working tree travels too); carry: [".slices/NN"], one call per slice
 # On the device, `run.sh receive` keeps each call's slice in /tmp/es/slices and `run.sh models`
 # joins them and checks each file's size and sha256 against its manifest in models/ before
 # anything reads it (edgespec models pull re-verifies a file placed in the store).
@@ -10,7 +10,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
-SLICE_BYTES=62914560
+SLICE_BYTES=47185920
 cd "$ROOT"
 exclude="$(git rev-parse --git-common-dir)/info/exclude"
 grep -qx '/.slices/' "$exclude" 2>/dev/null || echo '/.slices/' >> "$exclude"
