@@ -65,6 +65,14 @@ def test_the_wheel_carries_the_suites_and_not_the_research_tools(installed):
     assert not {f for f in files if f.startswith("benchmarks/")} and not research & files
 
 
+def test_the_wheel_carries_every_package_of_the_checkout(installed):
+    """A package missing from pyproject.toml's list imports from a checkout but not from a wheel
+    (edgespec.load once did: `edgespec` failed at start-up on the GPU machine's install)."""
+    packages = {p.relative_to(REPO).as_posix() for p in (REPO / "edgespec").rglob("__init__.py")}
+    files = {p.relative_to(installed).as_posix() for p in installed.rglob("__init__.py")}
+    assert packages <= files, sorted(packages - files)
+
+
 def test_every_suite_loads_from_the_installed_package(installed, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(installed)}
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env,
