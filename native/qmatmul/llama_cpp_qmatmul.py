@@ -15,24 +15,15 @@ with one line.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # native/: the patch rules of llama_cpp_patches.py
+
+import llama_cpp_patches  # isort: skip  (after the path above)
+from llama_cpp_patches import MARK, Patch, PatchError  # isort: skip
+
 CPU = "vendor/llama.cpp/ggml/src/ggml-cpu"
-MARK = "edgespec:"
-
-
-@dataclass(frozen=True)
-class Patch:
-    name: str
-    path: str   # relative to the llama-cpp-python source
-    old: str    # the exact text replaced, once
-    new: str    # contains MARK + name
-
-
-class PatchError(RuntimeError):
-    pass
 
 
 SOURCES = Patch(
@@ -105,22 +96,9 @@ PATCHES = (SOURCES, FORWARD_FN, FORWARD_CALL, NO_Q4K_REPACK)
 COPIES = {"qmatmul.c": "edgespec-qmatmul.c", "qmatmul.h": "edgespec-qmatmul.h"}
 
 
-def apply(text: str, patch: Patch) -> str:
-    """``text`` with ``patch`` applied; unchanged if it already is; PatchError if its anchor is
-    not there exactly once."""
-    if f"{MARK} {patch.name}" in text:
-        if patch.new in text:
-            return text
-        raise PatchError(f"{patch.path}: an older {patch.name} patch is applied")
-    count = text.count(patch.old)
-    if count != 1:
-        raise PatchError(f"{patch.path}: anchor of {patch.name} found {count} times, not once")
-    return text.replace(patch.old, patch.new)
-
-
 def apply_all(root: Path) -> list[str]:
-    """Copies the kernel into the tree and applies every patch; the names of those that changed
-    something."""
+    """Copies the kernel into the tree and applies every patch (llama_cpp_patches.apply_all's
+    rules); the names of those that changed something."""
     changed = []
     for src, dst in COPIES.items():
         text = (HERE / src).read_text().replace('#include "qmatmul.h"', '#include "edgespec-qmatmul.h"')
@@ -128,14 +106,7 @@ def apply_all(root: Path) -> list[str]:
         if not target.exists() or target.read_text() != text:
             target.write_text(text)
             changed.append(dst)
-    for patch in PATCHES:
-        path = root / patch.path
-        text = path.read_text()
-        new = apply(text, patch)
-        if new != text:
-            path.write_text(new)
-            changed.append(patch.name)
-    return changed
+    return changed + llama_cpp_patches.apply_all(root, PATCHES)
 
 
 def main(argv: list[str]) -> int:
