@@ -489,7 +489,8 @@ class LlamaContext:
                                + ("no room in the KV cache" if rc == 1 else "see debug log"))
         self._generation += 1
         generation = self._generation
-        return Rows(self._ctx, self.model.n_vocab, list(logits), lambda: generation == self._generation)
+        return Rows(self._ctx, self.model.n_vocab, list(logits), lambda: generation == self._generation,
+                    self._greedy.attached)
 
     def _check_batch(self, tokens, positions, seq_ids, logits) -> None:
         n = len(tokens)

@@ -20,30 +20,33 @@ from edgespec.errors import BackendError
 class Rows:
     """The flagged rows of one decode, valid until the next decode on its context."""
 
-    def __init__(self, ctx_ptr, n_vocab: int, flags: list[bool], current: Callable[[], bool]):
+    def __init__(self, ctx_ptr, n_vocab: int, flags: list[bool], current: Callable[[], bool], picking: bool):
+        """``picking``: the greedy sampler was attached for this decode (BackendGreedy)."""
         self._ctx, self._n_vocab, self._flags, self._current = ctx_ptr, n_vocab, flags, current
+        self._picking = picking
 
-    def _check(self, i: int) -> None:
+    def _picked(self, i: int) -> int | None:
+        """Row ``i``'s token where the backend picked it, else None (its logits came back)."""
         if not self._current():
             raise RuntimeError("logits read after a later decode overwrote them")
         if not (0 <= i < len(self._flags) and self._flags[i]):
             raise IndexError(f"row {i} was not flagged for logits")
+        token = lc.llama_get_sampled_token_ith(self._ctx, i) if self._picking else lc.LLAMA_TOKEN_NULL
+        return None if token == lc.LLAMA_TOKEN_NULL else int(token)
+
+    def _logits(self, i: int) -> np.ndarray:
+        return np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))
 
     def __call__(self, i: int) -> np.ndarray:
         """Row ``i``'s logits [n_vocab] (a copy)."""
-        self._check(i)
-        sampled = lc.llama_get_sampled_token_ith(self._ctx, i)
-        if sampled != lc.LLAMA_TOKEN_NULL:
+        if self._picked(i) is not None:
             raise BackendError(f"row {i} was picked on the backend: its logits were not copied back")
-        return np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,)).copy()
+        return self._logits(i).copy()
 
     def greedy(self, i: int) -> int:
         """Row ``i``'s argmax: the backend's pick where it made one, else read from the logits."""
-        self._check(i)
-        sampled = lc.llama_get_sampled_token_ith(self._ctx, i)
-        if sampled != lc.LLAMA_TOKEN_NULL:
-            return int(sampled)
-        return int(np.argmax(np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))))
+        token = self._picked(i)
+        return token if token is not None else int(np.argmax(self._logits(i)))
 
     def row(self, i: int) -> "Row":
         return Row(self, i)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams, greedy_token, recent_window, target_probs, top2_gap
+from edgespec.decode.sampling import SamplingParams, argmax_decides, greedy_token, recent_window, target_probs, top2_gap
 from edgespec.decode.sequence import KVSequence
 from edgespec.spec.drafter import Drafter
 from edgespec.spec.acceptance import Acceptance, accept_greedy, accept_stochastic
@@ -42,7 +42,7 @@ class _PathRows:
         return recent_window(self._history + [int(self._draft.tokens[i]) for i in path], self._params)
 
     def __getitem__(self, r: int) -> int:  # greedy: the target's token at row r
-        if self._params.repeat_penalty == 1.0:
+        if argmax_decides(self._params):
             return self._rows.greedy(r)  # a token id, picked on the backend where it can
         return greedy_token(self._rows(r), self._params, self._recent(r))
 
