@@ -2,10 +2,9 @@
 
 With greedy picks on the backend (``BackendGreedy``), llama.cpp takes the argmax of sequence
 0's rows where the logits are (on the GPU) and copies one token id per row back instead of the
-vocabulary's floats: on an H200 a 1.5B step spent about 1.7 ms beside its kernels, most of it
-moving and scanning 152k logits per verified row. Rows of other sequences (a draft tree's
-branches) still come back as logits, and their greedy token is their argmax, so every caller
-reads the same thing either way.
+vocabulary's floats: a plain 1.5B token on an H200 took 1.85 ms so against 1.91 reading logits.
+Rows of other sequences (a draft tree's branches) still come back as logits, and their greedy
+token is their argmax, so every caller reads the same thing either way.
 """
 from __future__ import annotations
 
