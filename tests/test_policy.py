@@ -423,3 +423,42 @@ def test_auto_measures_what_its_model_steps_gain_over_the_steps_without_it(tmp_p
     assert not len(plain.propose([1, 2, 3], 8))  # unsure from the first token: nothing verified ...
     plain.observe([5])
     assert plain.model_gain.state()[1] == pytest.approx(GAIN_WEIGHT * GAIN_DECAY + 0.11 / 0.1)  # ... its pass counted
+
+
+def _loop_tree_prefix(probs, cost, max_nodes, margin):
+    """The prefix search as a running loop: the definition the vectorised one must equal."""
+    best_m, best_rate, expected = 0, (1.0 + margin) / cost.verify(1), 1.0
+    for m, p in enumerate(probs[:max_nodes], start=1):
+        expected += p
+        rate = expected / cost.verify(1 + m)
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    return best_m, best_rate
+
+
+def _loop_chain_length(alphas, cost, max_len, margin):
+    best_k, best_rate, expected, survive = 0, (1.0 + margin) / cost.verify(1), 1.0, 1.0
+    for k in range(1, max_len + 1):
+        survive *= alphas[min(k, len(alphas)) - 1]
+        expected += survive
+        rate = expected / (k * cost.draft_token_s + cost.verify(1 + k))
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k, best_rate
+
+
+def test_the_searches_equal_their_running_loops_bit_for_bit():
+    """Same choice and the same rate to the last bit, inside the measured curve and beyond it
+    (extrapolated), ties and flat probabilities included."""
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        sizes = (1, *sorted(rng.choice(np.arange(2, 80), int(rng.integers(0, 16)), replace=False).tolist()))
+        cost = CostModel(sizes, tuple(np.sort(rng.uniform(1e-3, 5e-2, len(sizes))).tolist()),
+                         float(rng.choice([0.0, rng.uniform(0, 1e-2)])))
+        probs = (rng.random(int(rng.integers(0, 70))) ** rng.choice([0.1, 1.0, 3.0])).tolist()
+        if rng.random() < 0.2:
+            probs = [1.0] * len(probs)
+        alphas = rng.random(int(rng.integers(1, 65))).tolist()
+        limit, margin = int(rng.integers(0, 90)), float(rng.choice([0.0, 0.1]))
+        assert best_tree_prefix(probs, cost, limit, margin) == _loop_tree_prefix(probs, cost, limit, margin)
+        assert best_chain_length(alphas, cost, limit, margin) == _loop_chain_length(alphas, cost, limit, margin)

@@ -29,13 +29,29 @@ class CostModel:
     verify_s: tuple[float, ...]  # measured target time for each batch size
     draft_token_s: float = 0.0  # model drafter, per drafted token (0 when there is none)
 
+    def __post_init__(self) -> None:
+        # verify(n) for every n up to the largest size measured, interpolated once: the policy
+        # prices every prefix of a draft each step, and one np.interp call costs ~6 us.
+        xs, ys = np.asarray(self.batch_sizes, float), np.asarray(self.verify_s, float)
+        table = np.interp(np.arange(int(xs[-1]) + 1, dtype=float), xs, ys) if len(xs) else np.zeros(0)
+        object.__setattr__(self, "_table", table)
+
     def verify(self, n: int) -> float:
         """Target time for a batch of n tokens (linear interpolation, linear extrapolation)."""
+        if 0 <= n < len(self._table) and n == int(n):
+            return float(self._table[int(n)])
         xs, ys = np.asarray(self.batch_sizes, float), np.asarray(self.verify_s, float)
         if n <= xs[-1]:
             return float(np.interp(n, xs, ys))
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1]
         return float(ys[-1] + slope * (n - xs[-1]))
+
+    def verify_range(self, first: int, count: int) -> np.ndarray:
+        """verify(n) for n = first .. first + count - 1, as one array."""
+        end = first + count
+        if end <= len(self._table):
+            return self._table[first:end]
+        return np.array([self.verify(n) for n in range(first, end)])
 
 
 # A draft must promise this much more than a plain step: the estimates are noisy and every
@@ -56,14 +72,13 @@ def best_tree_prefix(path_probs: Sequence[float], cost: CostModel, max_nodes: in
         (m, rate): verify the first m nodes (0 = plain step); rate in tokens per second. A draft
         is chosen only when it beats a plain step by ``margin``.
     """
-    best_m, best_rate = 0, (1.0 + margin) / cost.verify(1)
-    expected = 1.0
-    for m, p in enumerate(path_probs[:max_nodes], start=1):
-        expected += p
-        rate = expected / cost.verify(1 + m)
-        if rate > best_rate:
-            best_m, best_rate = m, rate
-    return best_m, best_rate
+    plain = (1.0 + margin) / cost.verify(1)
+    probs = np.asarray(path_probs[:max_nodes], float)
+    if not len(probs):
+        return 0, plain
+    # expected tokens of each prefix, summed left to right as a running total would
+    expected = np.cumsum(np.concatenate(([1.0], probs)))[1:]
+    return _best(expected / cost.verify_range(2, len(probs)), plain)
 
 
 def best_chain_length(alphas: Sequence[float], cost: CostModel, max_len: int,
@@ -73,15 +88,21 @@ def best_chain_length(alphas: Sequence[float], cost: CostModel, max_len: int,
     A chain of k tokens costs k drafter passes plus a (1 + k)-token verification and emits
     1 + sum_{j<=k} prod_{d<=j} alpha_d tokens in expectation.
     """
-    best_k, best_rate = 0, (1.0 + margin) / cost.verify(1)
-    expected, survive = 1.0, 1.0
-    for k in range(1, max_len + 1):
-        survive *= alphas[min(k, len(alphas)) - 1]
-        expected += survive
-        rate = expected / (k * cost.draft_token_s + cost.verify(1 + k))
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    return best_k, best_rate
+    plain = (1.0 + margin) / cost.verify(1)
+    if max_len < 1 or not len(alphas):
+        return 0, plain
+    a = np.asarray(alphas, float)
+    per_depth = a[np.minimum(np.arange(1, max_len + 1), len(a)) - 1]
+    expected = np.cumsum(np.concatenate(([1.0], np.cumprod(per_depth))))[1:]
+    k = np.arange(1, max_len + 1, dtype=float)
+    return _best(expected / (k * cost.draft_token_s + cost.verify_range(2, max_len)), plain)
+
+
+def _best(rates: np.ndarray, plain: float) -> tuple[int, float]:
+    """(1 + the index of the first highest rate, that rate) where it beats ``plain``, else (0, plain)."""
+    rates = np.where(np.isnan(rates), -np.inf, rates)  # a NaN estimate never wins, as with `>`
+    i = int(np.argmax(rates))
+    return (i + 1, float(rates[i])) if rates[i] > plain else (0, plain)
 
 
 class RatioEstimate:
