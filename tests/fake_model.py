@@ -316,7 +316,7 @@ class FakeContext:
         return toks, int(hashes[-1])
 
     def _check_batch(self, tokens, positions, seq_ids, flags) -> None:
-        """LlamaContext._check_batch's rules (InvalidRequest)."""
+        """edgespec.llama.batch.Batch.fill's rules (InvalidRequest)."""
         n = len(tokens)
         if n == 0:
             raise InvalidRequest("empty batch")

@@ -114,3 +114,21 @@ def test_a_context_sized_for_its_verifications_refuses_more_rows(small_model):
         assert out.shape == (4, small_model.n_vocab) and np.isfinite(out).all()
     finally:
         ctx.close()
+
+
+def test_a_batch_names_its_first_bad_row():
+    from edgespec.llama.batch import Batch
+    b = Batch(8, 3)
+    with pytest.raises(InvalidRequest, match="row 2: sequence ids must be in"):
+        b.fill([1, 2, 3], [0, 1, 2], [[0], [0, 1], [0, 3]], [True] * 3, n_vocab=10, n_ctx=16)
+    with pytest.raises(InvalidRequest, match="row 1: sequence ids"):
+        b.fill([1, 2], [0, 1], [[0], []], [True] * 2, n_vocab=10, n_ctx=16)
+    with pytest.raises(InvalidRequest, match="token id -1 out of range"):
+        b.fill([1, -1], [0, 1], [[0], [0]], [True] * 2, n_vocab=10, n_ctx=16)
+    with pytest.raises(InvalidRequest, match=f"token id {2 ** 40} out of range"):
+        b.fill([1, 2 ** 40], [0, 1], [[0], [0]], [True] * 2, n_vocab=10, n_ctx=16)
+    assert b.fill([4, 5, 6], [3, 4, 4], [[0], [0, 1], [2]], [False, True, True], n_vocab=10, n_ctx=16) == 2
+    assert b.n_seq_id[:3].tolist() == [1, 2, 1]
+    assert [b.seq_id[i, :b.n_seq_id[i]].tolist() for i in range(3)] == [[0], [0, 1], [2]]
+    # llama.cpp reads the seq ids through the struct's row pointers
+    assert [b.struct.seq_id[1][j] for j in range(2)] == [0, 1] and b.struct.token[2] == 6

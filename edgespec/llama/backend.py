@@ -30,6 +30,7 @@ from llama_cpp import _ggml
 
 from edgespec.files.modelfile import model_file
 from edgespec.llama.kernels import KV_CACHE_TYPES
+from edgespec.llama.batch import Batch
 from edgespec.llama.rows import BackendGreedy, Rows
 from edgespec.errors import BackendError, InvalidRequest
 
@@ -427,7 +428,7 @@ class LlamaContext:
         self.n_seq_max = int(lc.llama_n_seq_max(self._ctx))
         self.n_outputs_max = rows_allowed(params.n_outputs_max, self.n_batch, self.n_seq_max)
         self._mem = lc.llama_get_memory(self._ctx)
-        self._batch = lc.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+        self._batch = Batch(self.n_batch, self.n_seq_max)
         self._generation = 0  # bumps on every decode; stale lazy logits readers refuse to read
         self._greedy = BackendGreedy(self._ctx)
 
@@ -470,18 +471,11 @@ class LlamaContext:
         path; copying 150k floats per unneeded row would cost more than the check itself.
         The accessor is valid until the next decode on this context.
         """
-        n = len(tokens)
-        self._check_batch(tokens, positions, seq_ids, logits)
-        b = self._batch
-        b.n_tokens = n
-        for i in range(n):
-            b.token[i] = tokens[i]
-            b.pos[i] = positions[i]
-            ids = seq_ids[i]
-            b.n_seq_id[i] = len(ids)
-            for j, s in enumerate(ids):
-                b.seq_id[i][j] = s
-            b.logits[i] = 1 if logits[i] else 0
+        rows = self._batch.fill(tokens, positions, seq_ids, logits, self.model.n_vocab, self.n_ctx)
+        if rows > self.n_outputs_max:  # llama.cpp would abort (output_reserve's assertion)
+            raise InvalidRequest(f"batch asks for {rows} logits rows; the context allows {self.n_outputs_max}")
+        b = self._batch.struct
+        b.n_tokens = len(tokens)
         rc = lc.llama_decode(self._ctx, b)
         _raise_lost_interrupt()
         if rc != 0:
@@ -491,27 +485,6 @@ class LlamaContext:
         generation = self._generation
         return Rows(self._ctx, self.model.n_vocab, list(logits), lambda: generation == self._generation,
                     self._greedy.attached)
-
-    def _check_batch(self, tokens, positions, seq_ids, logits) -> None:
-        n = len(tokens)
-        if n == 0:
-            raise InvalidRequest("empty batch")
-        if not (len(positions) == len(seq_ids) == len(logits) == n):
-            raise InvalidRequest("tokens, positions, seq_ids and logits must have the same length")
-        if n > self.n_batch:
-            raise InvalidRequest(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
-        rows = sum(map(bool, logits))
-        if rows > self.n_outputs_max:  # llama.cpp would abort (output_reserve's assertion)
-            raise InvalidRequest(f"batch asks for {rows} logits rows; the context allows {self.n_outputs_max}")
-        nv = self.model.n_vocab
-        for i in range(n):
-            if not 0 <= tokens[i] < nv:
-                raise InvalidRequest(f"token id {tokens[i]} out of range [0, {nv})")
-            if not 0 <= positions[i] < self.n_ctx:
-                raise InvalidRequest(f"position {positions[i]} outside the context of {self.n_ctx}")
-            ids = seq_ids[i]
-            if not ids or any(not 0 <= s < self.n_seq_max for s in ids):
-                raise InvalidRequest(f"row {i}: sequence ids must be in [0, {self.n_seq_max})")
 
     # -- KV cache edits -----------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
@@ -555,7 +528,6 @@ class LlamaContext:
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             self._greedy.close()
-            lc.llama_batch_free(self._batch)
             lc.llama_free(self._ctx)
             self._ctx = None
 
