@@ -445,6 +445,10 @@ stage_real() {
       "${es[@]}" plan --model qwen2.5-coder-1.5b --draft auto --vram-budget 900MiB; } > "$W/results/real-plans.txt" 2>&1
     real gpu-specbench 90 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto,$peers
     real gpu-codeedit 90 "${ce[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto,$peers
+    # what auto decided there, step by step, and what its calibration measured (auto_diag.py)
+    [[ -s "$W/results/real-auto-diag.json" ]] || run 150 env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" \
+        "$W/venv/bin/python" benchmarks/device/auto_diag.py qwen2.5-coder-1.5b "$W/results/real-auto-diag.json" \
+        gpu 8 1 256 > "$W/results/real-auto-diag.log" 2>&1 || tail -20 "$W/results/real-auto-diag.log"
     real draft-gpu-specbench 150 "${sb[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
     real budget-900-specbench 90 "${sb[@]}" --limit 1 --max-tokens 128 --vram-budget 900MiB --configs plain,auto,$peers
     real draft-gpu-codeedit 120 "${ce[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
