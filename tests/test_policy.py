@@ -462,3 +462,32 @@ def test_the_searches_equal_their_running_loops_bit_for_bit():
         limit, margin = int(rng.integers(0, 90)), float(rng.choice([0.0, 0.1]))
         assert best_tree_prefix(probs, cost, limit, margin) == _loop_tree_prefix(probs, cost, limit, margin)
         assert best_chain_length(alphas, cost, limit, margin) == _loop_chain_length(alphas, cost, limit, margin)
+
+
+class _DecodeLog:
+    """A context that records the sizes of the batches it is asked to decode."""
+
+    n_seq_max, n_ctx, n_batch, n_outputs_max = 1, 4096, 512, 65
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.model = type("M", (), {"tokenize": lambda self, text, add_special=True: [5]})()
+
+    def decode(self, tokens, positions, seq_ids, logits):
+        self.sizes.append(len(tokens))
+
+    def seq_rm(self, seq, p0=0, p1=-1):
+        pass
+
+
+def test_a_gpu_calibration_warms_each_size_up_and_times_it_after_a_one_token_decode(monkeypatch):
+    from edgespec.drafters.auto import calibrate
+    ctx = _DecodeLog()
+    monkeypatch.setattr(calibrate, "graphs_warm_up", lambda c: True)
+    calibrate.measure_verify(ctx, sizes=(1, 3))
+    warm, timed = [1] * calibrate.WARMUPS, [1] * calibrate.REPEATS
+    assert ctx.sizes == [512] + timed + warm + timed + [3] * calibrate.WARMUPS + [1, 3] * calibrate.REPEATS
+    ctx = _DecodeLog()
+    monkeypatch.setattr(calibrate, "graphs_warm_up", lambda c: False)  # a CPU: as before
+    calibrate.measure_verify(ctx, sizes=(1, 3))
+    assert ctx.sizes == [512] + timed + timed + [3] * calibrate.REPEATS

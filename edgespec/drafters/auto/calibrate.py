@@ -19,9 +19,9 @@ from pathlib import Path
 from edgespec.decode.sampling import greedy_logprob
 from edgespec.files.store_files import write_or_keep
 from edgespec.llama import invariant
-from edgespec.llama.backend import LlamaContext, ModelParams
+from edgespec.llama.backend import LlamaContext, ModelParams, system_info
 from edgespec.drafters.auto.policy import CostModel
-from edgespec.llama.kernels import op_offload_min_batch
+from edgespec.llama.kernels import cuda_graphs, op_offload_min_batch
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,15 @@ log = logging.getLogger(__name__)
 # each multiple of 16 are measured so the policy sees those steps and drafts to fill a tile.
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64)
 
-# On a GPU the faster of two repeats of a new size is still a decode without a CUDA graph
-# (llama.cpp runs the first kernel by kernel and captures on the second, on a stock build and on
-# edgespec's per-shape one alike). A stock build's verification pays that whenever its size
-# differs from the last two decodes'; with a graph per shape a change costs less (7B on an H100:
-# 0.47 against 0.76 ms), so there verification is priced a little high.
 REPEATS = 2
+# On a GPU the first two decodes of a batch size each cost ~10 ms on an H200 with the 1.5B (its
+# graph built and captured; the third 2.35 ms for 2 tokens), so there each size is first decoded
+# WARMUPS times untimed; and a verification follows a decode of another size, which the graph of
+# the last shape does not replay (2 tokens: 3.1 ms after a one-token decode against 2.35 ms
+# after another 2-token one), so each timed batch there follows a one-token decode. Without the
+# warm-up the 1.5B's curve read 7.2 ms for 2 tokens against 1.9 ms for one, and `auto` verified
+# no draft at 49 of 93 steps of four code edits where the suffix index offered one.
+WARMUPS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
 CONTEXT_TOKENS = 512
@@ -62,8 +65,8 @@ def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int
         mode += "-notiled"
     # Which batches copy CPU-resident weights to the GPU: every context of a model with GPU
     # layers runs op offload (placements.target_flags; a drafter's likewise), none without.
-    if params.n_gpu_layers != 0:
-        mode += f"-ob{op_offload_min_batch()}"
+    if params.n_gpu_layers != 0:  # "w": sizes warmed up and timed after a one-token decode
+        mode += f"-ob{op_offload_min_batch()}-w"
     attn = {None: "fa-auto", True: "fa", False: "nofa"}[flash_attn]
     return f"{Path(path).name}-{st.st_size}-{st.st_mtime_ns}-t{n_threads}-{mode}-{attn}-{VERSION}{tag}"
 
@@ -73,20 +76,30 @@ def context_key(ctx: LlamaContext, tag: str = "") -> str:
 
 
 def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, repeats: int = REPEATS,
-               reduce=min) -> float:
+               reduce=min, after_one: bool = False) -> float:
     """Seconds of an n-token batch at positions start..start+n-1 of a scratch sequence, every
-    row's logits requested (as verification asks), rolled back after each run.
+    row's logits requested (as verification asks), rolled back after each run; ``after_one``:
+    each run right after an (untimed) one-token decode, as a verification follows a plain step.
 
     By default the minimum of a few runs: other load on a shared machine only ever adds time,
     and the policy needs the cost of the work itself.
     """
     times = []
     for _ in range(repeats):
+        if after_one:
+            ctx.decode([token], [start], [[seq]], [True])
+            ctx.seq_rm(seq, start, -1)
         t0 = time.perf_counter()
         ctx.decode([token] * n, range(start, start + n), [[seq]] * n, [True] * n)
         times.append(time.perf_counter() - t0)
         ctx.seq_rm(seq, start, -1)
     return reduce(times)
+
+
+def graphs_warm_up(ctx: LlamaContext) -> bool:
+    """Whether batch sizes must be warmed up before they are timed: a context with layers on a
+    GPU of a build that runs CUDA graphs (WARMUPS)."""
+    return ctx.model.params.n_gpu_layers != 0 and cuda_graphs(system_info()["system_info"]) is not None
 
 
 def fill_context(ctx: LlamaContext, seq: int, token: int, start: int, end: int) -> None:
@@ -108,10 +121,16 @@ def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...
     token = ctx.model.tokenize(" the", add_special=False)[0]
     sizes = tuple(n for n in sizes if n <= largest_batch(ctx))
     start = max(0, min(CONTEXT_TOKENS, ctx.n_ctx - 2 * max(sizes, default=1)))
+    warm = graphs_warm_up(ctx)
     try:
         fill_context(ctx, seq, token, 0, start)
         time_batch(ctx, 1, seq, token, start)  # warm-up: the first decode faults pages in
-        return sizes, tuple(time_batch(ctx, n, seq, token, start) for n in sizes)
+        times = []
+        for n in sizes:
+            if warm:
+                time_batch(ctx, n, seq, token, start, repeats=WARMUPS)
+            times.append(time_batch(ctx, n, seq, token, start, after_one=warm and n > 1))
+        return sizes, tuple(times)
     finally:
         ctx.seq_rm(seq, -1, -1)
 
