@@ -101,15 +101,39 @@ def pytest_configure(config) -> None:
                                        "`make test` runs these alone (tests/conftest.py SERIAL)")
 
 
-# Real-model modules whose tests share costly fixtures run on one worker each (`make test` runs
-# the real-model tests with --dist loadgroup), so that each fixture is made once: the F32 copy's
-# and the Qwen pair's plain answers and the exact sampling law; the session's ONNX conversions
-# (the exact one and the registry's). xdist hands out the largest groups first.
+# Work units of the real-model step (`make test` runs it with --dist loadgroup): each module runs
+# whole on one worker, so its module fixtures are made once, and the modules of a group here
+# share one worker for their session fixtures: the F32 copy's and the Qwen pair's plain answers
+# and the exact sampling law; the session's ONNX conversions (the exact one and the registry's).
 XDIST_GROUPS = {"test_speculative": "speculative", "test_onnx_convert": "onnx", "test_onnx_drafter": "onnx",
                 "test_onnx_plumbing": "onnx", "test_onnx_speculative": "onnx"}
+# Units handed out first, longest first (on the 2-core VM: ~220, 115, 85, 50, 30 and 25 s), for a
+# long unit started last would leave the other worker idle; the rest follow by number of tests.
+HEAVY_UNITS = ("speculative", "onnx", "test_exact", "test_budget", "test_server_soak", "test_server")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: plain pytest runs without it
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup by module and XDIST_GROUPS (xdist's own reads `xdist_group` marks into node
+    ids that pytest 9 no longer lets a plugin rename, so it ran every test as its own unit)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = Path(nodeid.split("::", 1)[0]).stem
+            return XDIST_GROUPS.get(module, module)
+
+        def _assign_work_unit(self, node) -> None:
+            first = next((u for u in HEAVY_UNITS if u in self.workqueue), None)
+            if first is not None:
+                self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         module = item.module.__name__
@@ -117,8 +141,6 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker("model_free")
         if item.originalname in SERIAL.get(module, ()):
             item.add_marker("serial")
-        if module in XDIST_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[module]))
 
 
 _RUNNING_MODEL_FREE: list[str] = []  # the model_free test running now, if any
