@@ -102,6 +102,20 @@ def test_a_shared_drafter_is_never_closed(tmp_path):
 
 
 # -- real llama.cpp: the engine and `plan` act on the cached verdict ------------------------------
+# A store of the module's own: its tests doctor the calibration cache, which the session's other
+# tests must not read. A short context and drafts of up to 8 tokens keep its calibrations small
+# (~240 tokens of context and batches of up to 9 instead of 512 and 33); what is under test is
+# what the engine does with the cached verdict, whatever the curve.
+N_CTX, DRAFT_MAX = 256, 8
+
+
+@pytest.fixture(scope="module")
+def own_store(tmp_path_factory):
+    from edgespec.files.store import ModelStore
+
+    return ModelStore(tmp_path_factory.mktemp("auto-select-home"))
+
+
 def _set_draft_costs(home, seconds: float) -> int:
     """Doctors every cached cost: drafted tokens cost ``seconds``, any verification 10 ms."""
     files = list((home / "calibration").glob("draft-*.json"))
@@ -114,25 +128,26 @@ def _set_draft_costs(home, seconds: float) -> int:
 
 
 @pytest.mark.parametrize("seconds, loaded", [(10.0, False), (0.0, True)])
-def test_engine_loads_the_drafter_only_when_its_calibration_pays(seconds, loaded, store, model_path):
+def test_engine_loads_the_drafter_only_when_its_calibration_pays(seconds, loaded, own_store, model_path):
     small = str(model_path(SMALL))
-    cfg = EngineConfig(model=small, n_ctx=512, draft="auto", draft_model=small)
-    with Engine(cfg) as engine:  # measures (or finds) this configuration's costs
+    cfg = EngineConfig(model=small, n_ctx=N_CTX, draft="auto", draft_model=small, draft_max=DRAFT_MAX)
+    with Engine(cfg, store=own_store) as engine:  # measures (or finds) this configuration's costs
         assert engine.drafter.cost.verify_s
-    assert _set_draft_costs(store.home, seconds) >= 1
-    with Engine(cfg) as engine:
+    assert _set_draft_costs(own_store.home, seconds) >= 1
+    with Engine(cfg, store=own_store) as engine:
         assert (engine.drafter.model is not None) is loaded
         done = engine.generate("Repeat: a b c a b c a b c", GenerationRequest(max_tokens=8, ignore_eos=True))
         assert done.stats.generated_tokens == 8
 
 
-def test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so(store, model_path):
+def test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so(own_store, model_path):
     small = str(model_path(SMALL))
-    cfg = EngineConfig(model=small, n_ctx=512, draft="auto", draft_model=small, ram_budget=4 << 30)
-    with Engine(cfg) as engine:  # this plan's placement: its costs measured (or found)
+    cfg = EngineConfig(model=small, n_ctx=N_CTX, draft="auto", draft_model=small, draft_max=DRAFT_MAX,
+                       ram_budget=4 << 30)
+    with Engine(cfg, store=own_store) as engine:  # this plan's placement: its costs measured (or found)
         assert engine.load_plan.plan.drafter_placement != "none"
-    assert _set_draft_costs(store.home, 10.0) >= 1
-    with Engine(cfg) as engine:
+    assert _set_draft_costs(own_store.home, 10.0) >= 1
+    with Engine(cfg, store=own_store) as engine:
         assert engine.drafter.model is None
         assert engine.load_plan.plan.drafter_placement == "none"  # not counted either
         assert any("auto: the drafter model is not loaded" in n for n in engine.load_plan.notes)
