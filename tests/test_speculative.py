@@ -72,10 +72,11 @@ DRAFTS = [("suffix", False), ("model", False), ("model", True), ("hybrid", False
 # Per family, F32: free text, code, a list and copy-heavy edits, so suffix, model and tree
 # drafts all draft and get rejected. The fake (tests/test_plumbing.py) already checks thousands
 # of random trees, acceptances and rollbacks per drafter; these show llama.cpp keeps the same
-# promises, which a few hundred real tokens per family do as well as thousands (6 x 48 = 288;
-# an F32 token of SmolLM2-135M costs ~35 ms here, all of it in llama_decode).
+# promises, which a few hundred real tokens per family do as well as thousands (6 x 32 = 192;
+# 150-200 drafted and 70-140 accepted per family; an F32 token of SmolLM2-135M costs ~40 ms here,
+# all of it in llama_decode): a KV or acceptance bug parts nearly every answer early.
 F32_PROMPTS = [PROMPTS[i] for i in (0, 1, 5, 8, 10, 15)]
-F32_TOKENS = 48
+F32_TOKENS = 32
 # The quantized pair proves what F32 cannot: a real target with a real drafter model, where
 # batched numerics flip near-ties. Suffix drafting on the same target adds nothing the F32
 # suffix test and this one do not already show.
@@ -323,7 +324,7 @@ def test_cache_equals_fresh_prefill_after_rejections(draft, tree, temperature, f
     cfg = EngineConfig(model=str(f32_path), n_ctx=1024, draft=draft, draft_tree=tree,
                        draft_model=str(model_path(SMALL)), draft_max=8)
     with Engine(cfg) as engine:
-        req = GenerationRequest(max_tokens=96, ignore_eos=True,
+        req = GenerationRequest(max_tokens=64, ignore_eos=True,
                                 sampling=SamplingParams(temperature=temperature, seed=3))
         done = engine.chat([{"role": "user", "content": PROMPTS[0]}], req)
         assert done.stats.spec.accepted < done.stats.spec.drafted  # there were rejections
