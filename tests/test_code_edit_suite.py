@@ -170,14 +170,14 @@ def test_code_matches_the_installed_package_file(records):
 
 @pytest.fixture(scope="module")
 def qwen():
-    from edgespec.llama.backend import LlamaModel
+    from edgespec.llama.backend import LlamaModel, ModelParams
     from edgespec.errors import ModelNotFound
     from edgespec.files.store import ModelStore
     try:
         path = ModelStore().resolve("qwen2.5-coder-1.5b")
     except ModelNotFound as exc:
         pytest.skip(f"Qwen tokenizer unavailable: {exc}")
-    return LlamaModel(path)
+    return LlamaModel(path, ModelParams(repack=False))  # only its tokenizer is used: no repacked copy
 
 
 def test_prompts_fit_in_qwen_tokens(records, qwen):
