@@ -104,7 +104,8 @@ def pytest_configure(config) -> None:
 # Work units of the real-model step (`make test` runs it with --dist loadgroup): each module runs
 # whole on one worker, so its module fixtures are made once, and the modules of a group here
 # share one worker for their session fixtures: the F32 copy's and the Qwen pair's plain answers
-# and the exact sampling law; the session's ONNX conversions (the exact one and the registry's).
+# and the exact sampling law; the session's ONNX conversion (onnx_exact, which `--draft onnx` then
+# finds in the session's store).
 XDIST_GROUPS = {"test_speculative": "speculative", "test_onnx_convert": "onnx", "test_onnx_drafter": "onnx",
                 "test_onnx_plumbing": "onnx", "test_onnx_speculative": "onnx"}
 # Units handed out first, longest first (on the 2-core VM: ~220, 115, 85, 50, 30 and 25 s), for a
@@ -252,13 +253,13 @@ def target_model(model_path) -> LlamaModel:
 
 
 @pytest.fixture(scope="session")
-def onnx_exact(model_path, tmp_path_factory):
-    """One exact ONNX conversion of the drafter for the session, in a store of its own (the
-    source GGUF outside it): (store, conversion directory). Tests only read it."""
+def onnx_exact(store, model_path):
+    """The session's exact ONNX conversion of the drafter, next to its GGUF in the session's
+    store, where `--draft onnx` finds it instead of converting again: (store, conversion
+    directory). Tests only read it."""
     pytest.importorskip("onnx")
     from edgespec.onnx.convert import convert
 
-    store = ModelStore(home=tmp_path_factory.mktemp("onnx-store"))
     return store, convert(store, model_path(DRAFTER), "exact")
 
 

@@ -39,7 +39,7 @@ def source(model_path) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(onnx_exact):
-    """The session's exact conversion (conftest), into a store of its own."""
+    """The session's exact conversion (conftest), in the session's store."""
     return onnx_exact
 
 

@@ -36,7 +36,7 @@ def source(model_path) -> Path:
 
 @pytest.fixture(scope="module")
 def onnx_store(onnx_exact):
-    """A store of its own holding one exact conversion of the drafter (a path outside it)."""
+    """The session's store, holding its exact conversion of the drafter (conftest)."""
     return onnx_exact[0]
 
 
