@@ -108,9 +108,9 @@ def pytest_configure(config) -> None:
 # finds in the session's store).
 XDIST_GROUPS = {"test_speculative": "speculative", "test_onnx_convert": "onnx", "test_onnx_drafter": "onnx",
                 "test_onnx_plumbing": "onnx", "test_onnx_speculative": "onnx"}
-# Units handed out first, longest first (on the 2-core VM: ~220, 115, 85, 50, 30 and 25 s), for a
+# Units handed out first, longest first (on the 2-core VM: ~190, 95, 90, 45, 28 and 25 s), for a
 # long unit started last would leave the other worker idle; the rest follow by number of tests.
-HEAVY_UNITS = ("speculative", "onnx", "test_exact", "test_budget", "test_server_soak", "test_server")
+HEAVY_UNITS = ("speculative", "onnx", "test_exact", "test_budget", "test_server", "test_server_soak")
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: plain pytest runs without it
