@@ -42,7 +42,8 @@ class PatchError(RuntimeError):
 # faster on one machine (benchmarks/RESULTS-gpu.md section 18). The key only picks a slot of the
 # map: llama.cpp's node-by-node property check still guards every replay, so two graphs that
 # share a slot (row counts mod 256, or pointers that use bits 48-63) cost a rebuild, never a
-# wrong result. An empty graph, or a 32-bit build, keeps llama.cpp's own key.
+# wrong result. An empty graph, or a 32-bit build, keeps llama.cpp's own key. A graph that ends
+# in the outputs' argmax (OUTPUT_ARGMAX) counts its outputs by the argmax's length.
 PER_SHAPE_KEY = Patch(
     "graphs-per-shape", CUDA,
     "static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {\n"
@@ -52,7 +53,8 @@ PER_SHAPE_KEY = Patch(
     "#if UINTPTR_MAX > 0xffffffffu\n"
     "    if (cgraph->n_nodes > 0) {\n"
     "        const uintptr_t rows = (uintptr_t) (cgraph->nodes[0]->ne[1] & 0xff) << 48;\n"
-    "        const uintptr_t outs = (uintptr_t) (cgraph->nodes[cgraph->n_nodes - 1]->ne[1] & 0xff) << 56;\n"
+    "        const ggml_tensor * last = cgraph->nodes[cgraph->n_nodes - 1];  // logits, or their argmax\n"
+    "        const uintptr_t outs = (uintptr_t) (last->ne[last->op == GGML_OP_ARGMAX ? 0 : 1] & 0xff) << 56;\n"
     "        return (const void *) (((uintptr_t) cgraph->nodes[0]) ^ rows ^ outs);\n"
     "    }\n"
     "#endif\n"
@@ -71,7 +73,141 @@ PER_SHAPE_FEATURE = Patch(
     "    #endif\n",
 )
 
-PATCHES = (PER_SHAPE_KEY, PER_SHAPE_FEATURE)
+
+# Output argmax: while a context has it on, a decode takes each output row's argmax where the
+# logits are (one ggml_argmax over all rows, on the GPU for a target whose output layer is there)
+# and copies back one token id per row instead of the rows' logits. Greedy verification needs
+# only those ids. On an H200 a 1.5B suffix step spent 0.42 ms of 5.3 reading and scanning
+# ~11 rows of 152k logits on the host; llama.cpp's own backend sampler costs a view, an argmax
+# and a device-to-host copy per row, and its greedy picks made that step slower (5.80 ms).
+LLAMA_H = "vendor/llama.cpp/include/llama.h"
+CPARAMS = "vendor/llama.cpp/src/llama-cparams.h"
+GRAPH_H = "vendor/llama.cpp/src/llama-graph.h"
+GRAPH_CPP = "vendor/llama.cpp/src/llama-graph.cpp"
+MODEL_CPP = "vendor/llama.cpp/src/llama-model.cpp"
+CONTEXT_H = "vendor/llama.cpp/src/llama-context.h"
+CONTEXT_CPP = "vendor/llama.cpp/src/llama-context.cpp"
+ARGMAX_API = ("llama_set_output_argmax", "llama_get_argmax_ith")  # edgespec.llama.rows binds these
+
+
+def _after(name: str, path: str, anchor: str, added: str) -> Patch:
+    """A patch that keeps ``anchor`` and adds ``added`` (marked) after it."""
+    return Patch(name, path, anchor, anchor + added.replace("@MARK", f"{MARK} {name}"))
+
+
+def _before(name: str, path: str, anchor: str, added: str) -> Patch:
+    """A patch that keeps ``anchor`` and adds ``added`` (marked) before it."""
+    return Patch(name, path, anchor, added.replace("@MARK", f"{MARK} {name}") + anchor)
+
+
+OUTPUT_ARGMAX = (
+    _after("argmax-api", LLAMA_H,
+           "    LLAMA_API float * llama_get_logits_ith(struct llama_context * ctx, int32_t i);\n", """
+    // @MARK
+    // While on, a decode copies back each output row's argmax instead of its logits
+    // (llama_get_logits_ith then reads nothing new). Off by default.
+    LLAMA_API void llama_set_output_argmax(struct llama_context * ctx, bool on);
+    // The argmax of the ith token's logits (indices as llama_get_logits_ith); LLAMA_TOKEN_NULL
+    // for an invalid id or with output argmax off.
+    LLAMA_API llama_token llama_get_argmax_ith(struct llama_context * ctx, int32_t i);
+"""),
+    _after("argmax-cparams", CPARAMS, "    bool causal_attn;\n",
+           "    bool output_argmax = false; // @MARK\n"),
+    _before("argmax-reuse", GRAPH_H,
+            "            cparams.causal_attn             == other.cparams.causal_attn             &&\n",
+            "            cparams.output_argmax           == other.cparams.output_argmax           && // @MARK\n"),
+    _after("argmax-result", GRAPH_H,
+           "    ggml_tensor * t_h_nextn     = nullptr; // [n_embd, n_outputs] hidden state before final output norm\n",
+           "    ggml_tensor * t_argmax      = nullptr; // [n_outputs] I32, with output argmax on (@MARK)\n"),
+    _after("argmax-reset", GRAPH_CPP, "    t_h_nextn     = nullptr;\n",
+           "    t_argmax      = nullptr; // @MARK\n"),
+    _after("argmax-output", GRAPH_CPP,
+           "void llm_graph_result::set_outputs(const llm_graph_params & params) {\n", """\
+    if (t_argmax != nullptr) { // @MARK
+        ggml_set_output(t_argmax);
+    }
+"""),
+    _after("argmax-graph", MODEL_CPP, "    llm->build_sampling();\n", """
+    // @MARK: one argmax over every output row, where the logits are
+    if (params.cparams.output_argmax && llm->res->t_logits && params.n_outputs > 0) {
+        llm->res->t_argmax = ggml_argmax(llm->ctx0, llm->res->t_logits);
+        ggml_build_forward_expand(llm->gf, llm->res->t_argmax);
+    }
+"""),
+    _after("argmax-context", CONTEXT_H, "    float * get_logits_ith(int32_t i);\n", """\
+    void        set_output_argmax(bool on); // @MARK
+    llama_token get_argmax_ith(int32_t i);
+    std::vector<llama_token> output_argmax;  // one per output row, in the logits' row order
+"""),
+    _after("argmax-reserve", CONTEXT_CPP, """\
+    // reserve output buffer
+    if (output_reserve(n_outputs_all) < n_outputs_all) {
+        LLAMA_LOG_ERROR("%s: could not reserve space for batch with %d outputs\\n", __func__, n_outputs_all);
+        return -2;
+    };
+""", "    output_argmax.assign(cparams.output_argmax ? n_outputs_all : 0, LLAMA_TOKEN_NULL); // @MARK\n"),
+    Patch("argmax-extract", CONTEXT_CPP,
+          "        if (logits.data && t_logits && n_outputs > 0 && needs_raw_logits(ubatch, sampling.samplers)) {\n",
+          f"""\
+        if (res->t_argmax && n_outputs > 0) {{ // {MARK} argmax-extract
+            GGML_ASSERT(n_outputs_prev + n_outputs <= (int64_t) output_argmax.size());
+            ggml_backend_t backend_am = ggml_backend_sched_get_tensor_backend(sched.get(), res->t_argmax);
+            GGML_ASSERT(backend_am != nullptr);
+            ggml_backend_tensor_get_async(backend_am, res->t_argmax, output_argmax.data() + n_outputs_prev, 0,
+                                          n_outputs*sizeof(llama_token));
+        }}
+        if (logits.data && t_logits && !res->t_argmax && n_outputs > 0 && needs_raw_logits(ubatch, sampling.samplers)) {{
+"""),
+    _before("argmax-reorder", CONTEXT_CPP, """\
+        if (!sampling.samplers.empty()) {
+            assert(sampling.logits.size > 0);
+""", """\
+        if (!output_argmax.empty()) { // @MARK
+            std::swap(output_argmax[i0], output_argmax[i1]);
+        }
+
+"""),
+    _before("argmax-methods", CONTEXT_CPP, "float * llama_context::get_embeddings() {\n", """\
+void llama_context::set_output_argmax(bool on) { // @MARK
+    if (cparams.output_argmax != on) {
+        cparams.output_argmax = on;
+        sched_need_reserve = true;
+    }
+}
+
+llama_token llama_context::get_argmax_ith(int32_t i) {
+    output_reorder();
+    try {
+        if (!cparams.output_argmax) {
+            throw std::runtime_error("output argmax is off");
+        }
+        const int64_t j = output_resolve_row(i);
+        if (j >= (int64_t) output_argmax.size()) {
+            throw std::runtime_error("no argmax for this row");
+        }
+        return output_argmax[j];
+    } catch (const std::exception & err) {
+        LLAMA_LOG_ERROR("%s: invalid argmax id %d, reason: %s\\n", __func__, i, err.what());
+        return LLAMA_TOKEN_NULL;
+    }
+}
+
+"""),
+    _before("argmax-c-api", CONTEXT_CPP, "float * llama_get_embeddings(llama_context * ctx) {\n", """\
+void llama_set_output_argmax(llama_context * ctx, bool on) { // @MARK
+    ctx->set_output_argmax(on);
+}
+
+llama_token llama_get_argmax_ith(llama_context * ctx, int32_t i) {
+    ctx->synchronize();
+
+    return ctx->get_argmax_ith(i);
+}
+
+"""),
+)
+
+PATCHES = (PER_SHAPE_KEY, PER_SHAPE_FEATURE) + OUTPUT_ARGMAX
 
 
 def apply(text: str, patch: Patch) -> str:

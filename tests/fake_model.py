@@ -190,7 +190,8 @@ class FakeContext:
     """
 
     def __init__(self, model: FakeModel, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
-                 n_ubatch: int | None = None, n_outputs_max: int | None = None, greedy_on_backend: bool = False):
+                 n_ubatch: int | None = None, n_outputs_max: int | None = None, greedy_on_backend: bool = False,
+                 output_argmax: bool = False):
         if not 1 <= n_seq_max <= 64:
             raise InvalidRequest("n_seq_max must be in [1, 64]")
         self.model = model
@@ -208,11 +209,12 @@ class FakeContext:
         self._fail_read_in: int | None = None
         self._closed = False
         self.greedy_on_backend = greedy_on_backend
+        self.output_argmax = output_argmax  # a build with output argmax (every row), else seq 0's rows
         self._picking = False
 
-    def pick_on_backend(self, on: bool) -> bool:
-        """As LlamaContext.pick_on_backend: sequence 0's rows come back as their argmax only."""
-        self._picking = on and self.greedy_on_backend
+    def pick_on_backend(self, on: bool, every_row: bool = False) -> bool:
+        """As LlamaContext.pick_on_backend: flagged rows come back as their argmax only."""
+        self._picking = on and self.greedy_on_backend and (self.output_argmax or not every_row)
         return self._picking
 
     # -- fault injection ---------------------------------------------------------------------
@@ -275,8 +277,8 @@ class FakeContext:
                     raise BackendError("reading logits failed (injected)")
             return out[i].copy()
 
-        # as llama.cpp's backend sampler: rows whose first sequence is 0 are picked there
-        picked = {i for i in range(n) if flags[i] and self._picking and seq_ids[i][0] == 0}
+        # output argmax picks every flagged row; llama.cpp's backend sampler those of sequence 0
+        picked = {i for i in range(n) if flags[i] and self._picking and (self.output_argmax or seq_ids[i][0] == 0)}
         return FakeRows(row, picked)
 
     def _run(self, tokens, positions, seq_ids, flags, cells) -> dict[int, np.ndarray]:

@@ -1,8 +1,9 @@
-"""Greedy picks made by llama.cpp's backend sampler (edgespec.llama.rows) on the real llama.cpp:
-the same tokens as the argmax of the logits that come back without it, no logits copied for
-the rows it picked, and speculation on the same kind of context reading logits as before.
-The engine turns it on for a target with its output layer on a GPU; the CPU build runs the
-same sampler graph."""
+"""Greedy picks made on the backend (edgespec.llama.rows) on the real llama.cpp: the same tokens
+as the argmax of the logits that come back without them, and no logits copied for the rows
+picked. A stock build picks plain decoding's row with llama.cpp's sampler and verifications read
+logits; a build with edgespec's output argmax (native/llama_cpp_patches.py) picks every row, the
+verifications' too. The engine turns picks on for a target with its output layer on a GPU; the
+CPU build runs the same graph, so these tests prove whichever build they run on."""
 from __future__ import annotations
 
 import pytest
@@ -14,6 +15,7 @@ from edgespec.decode.sequence import KVSequence
 from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.errors import BackendError
 from edgespec.llama.backend import ContextParams, LlamaContext
+from edgespec.llama.rows import OUTPUT_ARGMAX
 from edgespec.spec.step import SpeculativeStep
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number, iteratively."""\n'
@@ -36,14 +38,14 @@ def test_backend_picks_equal_the_logits_argmax_in_plain_and_speculative_decoding
             for _ in range(2):  # the second request repeats the first: the suffix index drafts it
                 done = decoder.generate(prompt, GREEDY)
             answers[name, on] = done.token_ids
-            assert decoder.seq.ctx._greedy.attached is (on and name == "plain")  # verification reads logits
+            assert decoder.seq.ctx._greedy.attached is (on and (name == "plain" or OUTPUT_ARGMAX))
             assert name == "plain" or done.stats.spec.accepted > 0  # verified drafts, not one-token steps
         for d in (plain, spec):
             d.seq.ctx.close()
     assert answers["plain", True] == answers["plain", False] == answers["spec", False] == answers["spec", True]
 
 
-def test_a_picked_row_has_no_logits_and_other_sequences_keep_theirs(small_model):
+def test_picked_rows_have_no_logits_and_are_the_logits_argmax_in_every_sequence(small_model):
     ctx = LlamaContext(small_model, ContextParams(n_ctx=256, n_seq_max=3, n_outputs_max=4, greedy_on_backend=True))
     try:
         tokens = small_model.tokenize(PROMPT)[:8]
@@ -55,10 +57,22 @@ def test_a_picked_row_has_no_logits_and_other_sequences_keep_theirs(small_model)
         ctx.seq_cp(0, 1, 0, 8)
         ctx.seq_cp(0, 2, 0, 8)
         # a tree's rows: the pending token in both paths, one child in each
-        rows = ctx.decode_rows([picked, 5, 6], [8, 9, 9], [[1, 2], [1], [2]], [True] * 3)
-        assert all(rows(i).shape == (small_model.n_vocab,) for i in range(3))
-        assert rows.greedy(0) == int(rows(0).argmax())
+        tree = ([picked, 5, 6], [8, 9, 9], [[1, 2], [1], [2]], [True] * 3)
+        assert ctx.pick_on_backend(True, every_row=True) is OUTPUT_ARGMAX
+        if not OUTPUT_ARGMAX:  # the sampler on sequence 0: the tree's rows in 1 and 2 keep their logits
+            assert ctx.pick_on_backend(True)
+        rows = ctx.decode_rows(*tree)
+        if OUTPUT_ARGMAX:  # every row of every sequence is picked, none copied back
+            with pytest.raises(BackendError, match="picked on the backend"):
+                rows(1)
+        else:
+            assert all(rows(i).shape == (small_model.n_vocab,) for i in range(3))
+        greedy = [rows.greedy(i) for i in range(3)]
         assert not ctx.pick_on_backend(False)
+        ctx.seq_rm(1, 8)
+        ctx.seq_rm(2, 8)
+        rows = ctx.decode_rows(*tree)
+        assert greedy == [int(rows(i).argmax()) for i in range(3)]
         ctx.clear()
         rows = ctx.decode_rows(tokens, range(8), [[0]] * 8, [False] * 7 + [True])
         assert int(rows(7).argmax()) == picked  # logits again, the backend's pick their argmax

@@ -27,20 +27,33 @@ STOCK = ("// head\n" + patches.PER_SHAPE_KEY.old + "\n// middle\n"
          + patches.PER_SHAPE_FEATURE.old + "\n// tail\n")
 
 
-def tree(tmp_path: Path, text: str = STOCK) -> Path:
-    path = tmp_path / patches.CUDA
-    path.parent.mkdir(parents=True)
-    path.write_text(text)
+def stock_text(path: str) -> str:
+    """A file that holds every anchor of the patches to ``path``, amid other text."""
+    if path == patches.CUDA:
+        return STOCK
+    return "// head\n" + "// middle\n".join(p.old for p in patches.PATCHES if p.path == path) + "// tail\n"
+
+
+def tree(tmp_path: Path, texts: dict[str, str] | None = None) -> Path:
+    """A llama-cpp-python source tree with the files the patches change."""
+    for path in {p.path for p in patches.PATCHES}:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text((texts or {}).get(path) or stock_text(path))
     return tmp_path
 
 
 def test_patches_apply_once_and_then_change_nothing(tmp_path):
     root = tree(tmp_path)
-    assert patches.apply_all(root) == ["graphs-per-shape", "graphs-per-shape-feature"]
+    assert patches.apply_all(root) == [p.name for p in patches.PATCHES]
     text = (root / patches.CUDA).read_text()
     assert patches.PER_SHAPE_KEY.old not in text and "<< 48" in text
     assert f'{{ "{GRAPHS_PER_SHAPE}", "1" }}' in text and text.startswith("// head\n") and text.endswith("// tail\n")
-    assert patches.apply_all(root) == [] and (root / patches.CUDA).read_text() == text
+    header = (root / patches.LLAMA_H).read_text()
+    assert all(f"{name}(struct llama_context * ctx" in header for name in patches.ARGMAX_API)
+    context = (root / patches.CONTEXT_CPP).read_text()
+    assert all(f"{name}(llama_context * ctx" in context for name in patches.ARGMAX_API)
+    before = {p.path: (root / p.path).read_text() for p in patches.PATCHES}
+    assert patches.apply_all(root) == [] and all((root / k).read_text() == v for k, v in before.items())
 
 
 def test_a_missing_or_repeated_anchor_stops_the_build(tmp_path):
@@ -52,19 +65,23 @@ def test_a_missing_or_repeated_anchor_stops_the_build(tmp_path):
     with pytest.raises(patches.PatchError, match="not found"):
         patches.apply_all(tmp_path)
     assert not (tmp_path / patches.CUDA).exists()
+    with pytest.raises(patches.PatchError, match="'argmax-extract' replaces was found 0 times"):
+        patches.apply(stock_text(patches.CONTEXT_CPP).replace("needs_raw_logits(", "raw("), next(p for p in patches.PATCHES if p.name == "argmax-extract"))
 
 
 def test_the_script_says_one_line_and_exits_2_on_a_wrong_folder(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: ")
-    ok = subprocess.run([sys.executable, str(SCRIPT), str(tree(tmp_path))], capture_output=True, text=True, check=False)
+    ok = subprocess.run([sys.executable, str(SCRIPT), str(tree(tmp_path / "src"))], capture_output=True, text=True,
+                        check=False)
     assert ok.returncode == 0 and "graphs-per-shape" in ok.stdout
 
 
 # What the patched key reads of llama.cpp's structs, and a main that prints its keys.
 KEY_HARNESS = r"""#include <cstdint>
 #include <cstdio>
-struct ggml_tensor { int64_t ne[4]; };
+enum ggml_op { GGML_OP_NONE, GGML_OP_ARGMAX };
+struct ggml_tensor { int64_t ne[4]; ggml_op op; };
 struct ggml_cgraph { int n_nodes; ggml_tensor ** nodes; };
 @KEY@
 int main() {
@@ -74,6 +91,8 @@ int main() {
         a.ne[1] = s[0]; b.ne[1] = s[1];
         std::printf("%llx\n", (unsigned long long) ((uintptr_t) ggml_cuda_graph_get_key(&g) ^ (uintptr_t) &a));
     }
+    b.op = GGML_OP_ARGMAX; b.ne[0] = 7; b.ne[1] = 1; a.ne[1] = 9;  // the outputs' argmax: [7] ids
+    std::printf("%llx\n", (unsigned long long) ((uintptr_t) ggml_cuda_graph_get_key(&g) ^ (uintptr_t) &a));
     g.n_nodes = 0;
     std::printf("%llx\n", (unsigned long long) ((uintptr_t) ggml_cuda_graph_get_key(&g) ^ (uintptr_t) &a));
 }
@@ -83,7 +102,8 @@ int main() {
 def test_the_patched_key_compiles_and_keys_each_shape(tmp_path):
     """The C++ the patch puts in ggml-cuda.cu (host code there), built by this machine's compiler:
     the key is the first node's address with (rows, outputs) mod 256 in bits 48-63, so shapes get
-    their own map slots; an empty graph keeps llama.cpp's key."""
+    their own map slots (outputs counted by the argmax's length where the graph ends in it); an
+    empty graph keeps llama.cpp's key."""
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler")
@@ -92,21 +112,25 @@ def test_the_patched_key_compiles_and_keys_each_shape(tmp_path):
     subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(src)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
     assert [int(x, 16) for x in out] == [(1 << 48) | (1 << 56), (9 << 48) | (9 << 56), (9 << 48) | (1 << 56),
-                                         (1 << 48) | (1 << 56), 0]  # 257 rows share 1's slot
+                                         (1 << 48) | (1 << 56), (9 << 48) | (7 << 56), 0]  # 257 rows share 1's slot
 
 
 def test_the_pinned_source_takes_the_patches(tmp_path):
     """Where `make demo GPU=cuda` has downloaded the pinned llama-cpp-python source archive: its
-    stock ggml-cuda.cu takes both patches (the GPU machine's run.sh applies them to the same
-    archive and builds it)."""
+    stock files take every patch (the GPU machine's run.sh applies them to the same archive and
+    builds it)."""
     found = sorted(glob.glob(str(ROOT / "build" / "llama-cpp-python" / "llama_cpp_python-*.tar.gz")))
     if not found:
         pytest.skip("no llama-cpp-python archive in build/ (`make build/llama-cpp-python/.patched` fetches it)")
+    texts = {}
     with tarfile.open(found[-1]) as tar:
-        member = next(m for m in tar.getmembers() if m.name.endswith(patches.CUDA))
-        stock = tar.extractfile(member).read().decode("utf-8")
-    root = tree(tmp_path, stock)
-    assert patches.apply_all(root) == ["graphs-per-shape", "graphs-per-shape-feature"]
+        for member in tar.getmembers():
+            path = next((p.path for p in patches.PATCHES if member.name.endswith(p.path)), None)
+            if path is not None:
+                texts[path] = tar.extractfile(member).read().decode("utf-8")
+    root = tree(tmp_path, texts)
+    assert set(texts) == {p.path for p in patches.PATCHES}
+    assert patches.apply_all(root) == [p.name for p in patches.PATCHES]
     assert patches.apply_all(root) == []
 
 

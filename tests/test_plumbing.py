@@ -98,10 +98,10 @@ OVERLAP = {"model-overlap"}
 
 
 def make_decoder(kind: str | None, draft_max: int = 8, n_ctx: int = N_CTX, n_batch: int = 64,
-                 greedy_on_backend: bool = False):
+                 greedy_on_backend: bool = False, output_argmax: bool = False):
     """A decoder on a fresh fake target context: plain for ``kind=None``."""
     ctx = FakeContext(TARGET, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=1 + draft_max, n_outputs_max=VERIFY_ROWS,
-                      greedy_on_backend=greedy_on_backend)
+                      greedy_on_backend=greedy_on_backend, output_argmax=output_argmax)
     step = None if kind is None else SpeculativeStep(DRAFTERS[kind](), draft_max, overlap=kind in OVERLAP)
     return Decoder(TARGET, KVSequence(ctx), step)
 
@@ -401,14 +401,17 @@ def test_speculative_greedy_equals_plain_greedy_exactly(kind):
         assert drafted > 10 * requests and accepted > 5 * requests, (drafted, accepted, requests)
 
 
-@pytest.mark.parametrize("kind", ["suffix", "model-tree", "auto"])
-def test_greedy_picks_on_the_backend_give_plain_greedys_answers(kind):
+@pytest.mark.parametrize("output_argmax", [False, True], ids=["sampler", "output-argmax"])
+@pytest.mark.parametrize("kind", ["suffix", "model-tree", "auto", "model-overlap"])
+def test_greedy_picks_on_the_backend_give_plain_greedys_answers(kind, output_argmax):
     """Plain greedy decoding has the backend pick its tokens (no logits come back for those
-    rows); speculative steps, which read their rows' logits, detach the sampler on the same
-    context; a sampled request gets logits too. Every answer is the reference's."""
+    rows). Speculative steps verify with picks of every row (trees' branches included) on a
+    build with output argmax, and on the sampler's build detach it and read logits. A sampled
+    request gets logits in both. Every answer is the reference's."""
     rng = np.random.default_rng(11)
-    plain = make_decoder(None, greedy_on_backend=True)
-    spec = Decoder(TARGET, plain.seq, SpeculativeStep(DRAFTERS[kind](), 8))
+    plain = make_decoder(None, greedy_on_backend=True, output_argmax=output_argmax)
+    spec = Decoder(TARGET, plain.seq, SpeculativeStep(DRAFTERS[kind](), 8, overlap=kind in OVERLAP))
+    accepted = 0
     for _ in range(4):
         prompt = random_prompt(rng, int(rng.integers(3, 40)))
         want = TARGET.greedy(prompt, 40, stop_at_eos=True)
@@ -417,8 +420,11 @@ def test_greedy_picks_on_the_backend_give_plain_greedys_answers(kind):
         with pytest.raises(BackendError, match="picked on the backend"):
             plain.seq.append(want[0]).logits()
         plain.seq.trim(len(plain.seq) - 1)
-        assert list(spec.generate(prompt, request(40)).token_ids) == want, (kind, prompt)
-        assert not spec.seq.ctx._picking
+        done = spec.generate(prompt, request(40))
+        assert list(done.token_ids) == want, (kind, prompt)
+        assert spec.seq.ctx._picking is output_argmax
+        accepted += done.stats.spec.accepted
+    assert accepted > 0  # drafts were verified, not only one-token steps
     sampled = plain.generate(prompt, request(16, sampling=SamplingParams(temperature=0.8, seed=1)))
     assert not plain.seq.ctx._picking and len(sampled.token_ids) == 16
     assert_cache_is_mirror(plain.seq)

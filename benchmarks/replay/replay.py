@@ -407,7 +407,7 @@ class TraceModel:
 class _Ctx:
     n_ctx: int
 
-    def pick_on_backend(self, on: bool) -> bool:
+    def pick_on_backend(self, on: bool, every_row: bool = False) -> bool:
         return False  # a trace's rows are logits
 
 

@@ -27,9 +27,11 @@ from edgespec.decode.stats import SpecStats
 
 class Step(Protocol):
     """One target pass per call; see the module docstring. ``needs_logits``: greedy steps read
-    logits rows, so the backend must not pick the target's tokens (edgespec.llama.rows)."""
+    logits rows, so the backend must not pick the target's tokens (edgespec.llama.rows);
+    ``verifies``: a pass decodes many rows of several sequences."""
 
     needs_logits: bool
+    verifies: bool
 
     def begin(self, prompt: Sequence[int], first: int, params: SamplingParams,
               rng: np.random.Generator) -> None: ...
@@ -48,6 +50,7 @@ class PlainStep:
     """Plain decoding: one token per target pass."""
 
     needs_logits = False
+    verifies = False
 
     def begin(self, prompt, first, params, rng) -> None:
         self._params, self._rng = params, rng
@@ -77,7 +80,7 @@ class Decoder:
         out = OutputStream(self.model, request.max_tokens, request.stop, request.ignore_eos)
         with PeakRSS() as rss:
             t0 = time.perf_counter()
-            seq.ctx.pick_on_backend(argmax_decides(params) and not self.step.needs_logits)
+            seq.ctx.pick_on_backend(argmax_decides(params) and not self.step.needs_logits, self.step.verifies)
             row, stats.reused_prompt_tokens = seq.sync(prompt)
             stats.prompt_eval_s = time.perf_counter() - t0
             history = list(prompt) + [pick_from_row(row, params, prompt, rng)]

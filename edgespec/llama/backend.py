@@ -31,7 +31,7 @@ from llama_cpp import _ggml
 from edgespec.files.modelfile import model_file
 from edgespec.llama.kernels import KV_CACHE_TYPES
 from edgespec.llama.batch import Batch
-from edgespec.llama.rows import BackendGreedy, Rows
+from edgespec.llama.rows import OUTPUT_ARGMAX, ArgmaxPicks, BackendGreedy, Rows
 from edgespec.errors import BackendError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -430,13 +430,14 @@ class LlamaContext:
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = Batch(self.n_batch, self.n_seq_max)
         self._generation = 0  # bumps on every decode; stale lazy logits readers refuse to read
-        self._greedy = BackendGreedy(self._ctx)
+        self._greedy = ArgmaxPicks(self._ctx) if OUTPUT_ARGMAX else BackendGreedy(self._ctx)
 
-    def pick_on_backend(self, on: bool) -> bool:
-        """Whether sequence 0's rows come back as the backend's greedy pick (a token id, see
+    def pick_on_backend(self, on: bool, every_row: bool = False) -> bool:
+        """Whether flagged rows come back as the backend's greedy pick (a token id, see
         edgespec.llama.rows) rather than logits, where ``params.greedy_on_backend`` allows it;
-        returns whether that is now the case."""
-        return self._greedy.set(on and self.params.greedy_on_backend)
+        returns whether that is now the case. ``every_row``: the caller decodes many rows of
+        several sequences (a verification), which only output argmax picks in one op."""
+        return self._greedy.set(on and self.params.greedy_on_backend and (self._greedy.every_row or not every_row))
 
     # -- decoding -----------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
@@ -484,7 +485,7 @@ class LlamaContext:
         self._generation += 1
         generation = self._generation
         return Rows(self._ctx, self.model.n_vocab, list(logits), lambda: generation == self._generation,
-                    self._greedy.attached)
+                    self._greedy.read if self._greedy.attached else None)
 
     # -- KV cache edits -----------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:

@@ -1,13 +1,19 @@
 """What one decode returns: its flagged rows, read lazily as logits or as the greedy token.
 
-With greedy picks on the backend (``BackendGreedy``), llama.cpp takes the argmax of sequence
-0's rows where the logits are (on the GPU) and copies one token id per row back instead of the
-vocabulary's floats: a plain 1.5B token on an H200 took 1.85 ms so against 1.91 reading logits.
-Rows of other sequences (a draft tree's branches) still come back as logits, and their greedy
-token is their argmax, so every caller reads the same thing either way.
+The backend can pick greedy tokens where the logits are (on the GPU) and copy back one token id
+per row instead of the vocabulary's floats:
+- ``ArgmaxPicks``, with a build that carries edgespec's output-argmax patch
+  (native/llama_cpp_patches.py): one argmax over every flagged row of every sequence, so greedy
+  verification reads ids only.
+- ``BackendGreedy``, with a stock build: llama.cpp's greedy sampler on sequence 0, a view, an
+  argmax and a copy per row (a plain 1.5B token on an H200: 1.85 ms against 1.91 reading logits;
+  a verification: 5.80 ms against 5.65, so verifications read logits there).
+Rows it did not pick come back as logits and their greedy token is their argmax, so every caller
+reads the same thing either way.
 """
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 
 import llama_cpp as lc  # isort: skip  (before numpy: see edgespec/llama/__init__.py)
@@ -16,11 +22,29 @@ import numpy as np
 from edgespec.errors import BackendError
 
 
+def _argmax_api():
+    """The build's output-argmax functions (set, get), or None for a build without the patch."""
+    try:
+        lib = lc.llama_cpp._lib
+        set_fn, get_fn = lib.llama_set_output_argmax, lib.llama_get_argmax_ith
+    except AttributeError:
+        return None
+    set_fn.argtypes, set_fn.restype = [ctypes.c_void_p, ctypes.c_bool], None
+    get_fn.argtypes, get_fn.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32
+    return set_fn, get_fn
+
+
+_ARGMAX = _argmax_api()
+OUTPUT_ARGMAX = _ARGMAX is not None  # this build picks every row's argmax in one op
+
+
 class Rows:
     """The flagged rows of one decode, valid until the next decode on its context."""
 
-    def __init__(self, ctx_ptr, n_vocab: int, flags: list[bool], current: Callable[[], bool], picking: bool):
-        """``picking``: the greedy sampler was attached for this decode (BackendGreedy)."""
+    def __init__(self, ctx_ptr, n_vocab: int, flags: list[bool], current: Callable[[], bool],
+                 picking: Callable[[object, int], int] | None):
+        """``picking``: how the backend's pick of a row is read (``ArgmaxPicks`` or
+        ``BackendGreedy``'s ``read``, LLAMA_TOKEN_NULL where it picked none), None: no picks."""
         self._ctx, self._n_vocab, self._flags, self._current = ctx_ptr, n_vocab, flags, current
         self._picking = picking
 
@@ -30,7 +54,7 @@ class Rows:
             raise RuntimeError("logits read after a later decode overwrote them")
         if not (0 <= i < len(self._flags) and self._flags[i]):
             raise IndexError(f"row {i} was not flagged for logits")
-        token = lc.llama_get_sampled_token_ith(self._ctx, i) if self._picking else lc.LLAMA_TOKEN_NULL
+        token = self._picking(self._ctx, i) if self._picking is not None else lc.LLAMA_TOKEN_NULL
         return None if token == lc.LLAMA_TOKEN_NULL else int(token)
 
     def _logits(self, i: int) -> np.ndarray:
@@ -66,6 +90,28 @@ class Row:
         return self._rows.greedy(self._i)
 
 
+class ArgmaxPicks:
+    """Output argmax on one context, on or off: every flagged row comes back as its argmax."""
+
+    every_row = True  # rows of every sequence, many rows a decode, one op and one copy
+
+    def __init__(self, ctx_ptr):
+        self._ctx = ctx_ptr
+        self.attached = False
+
+    def set(self, on: bool) -> bool:
+        """Turns output argmax on or off (llama.cpp reserves its graphs again on a change)."""
+        if on != self.attached:
+            _ARGMAX[0](self._ctx, on)
+            self.attached = on
+        return on
+
+    read = staticmethod(lambda ctx, i: _ARGMAX[1](ctx, i))
+
+    def close(self) -> None:
+        self.attached = False
+
+
 class BackendGreedy:
     """A greedy sampler chain on sequence 0 of one context, attached or not.
 
@@ -75,10 +121,14 @@ class BackendGreedy:
     vocabulary entry and row instead of 1 (sampled logits, probabilities, candidates).
     """
 
+    every_row = False  # a view, an argmax and a copy per row: plain decoding's one row only
+
     def __init__(self, ctx_ptr):
         self._ctx = ctx_ptr
         self._chain = None
         self.attached = False
+
+    read = staticmethod(lambda ctx, i: lc.llama_get_sampled_token_ith(ctx, i))
 
     def set(self, on: bool) -> bool:
         """Attaches (``on``) or detaches the sampler; whether it is attached afterwards. A chain

@@ -23,6 +23,7 @@ from edgespec.drafters import kind_of
 from edgespec.llama import invariant
 from edgespec.llama.backend import ContextParams, ModelParams
 from edgespec.llama.kernels import default_flash_attn
+from edgespec.llama.rows import OUTPUT_ARGMAX
 from edgespec.load import drafter as drafter_files
 from edgespec.load.plan import DrafterPlacement, LoadPlan
 from edgespec.memory import placements, planner
@@ -76,7 +77,7 @@ def _as_asked(config: EngineConfig, path: Path, target: ModelFile, m: MachineInf
     n_seq = config.n_seq_max or 1 + (shape.draft_max if config.draft is not None else 0)
     context = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq, kv_type=kv_type,
                             n_outputs_max=placements.VERIFY_ROWS, flash_attn=flash, op_offload=op_offload,
-                            greedy_on_backend=config.greedy_on_backend and config.draft is None
+                            greedy_on_backend=config.greedy_on_backend and (config.draft is None or OUTPUT_ARGMAX)
                             and placements.greedy_on_backend(config.n_gpu_layers, m))
     if config.exact:
         model, context = invariant.model_params(model), invariant.context_params(context)
@@ -166,7 +167,8 @@ def _from_plan(config: EngineConfig, path: Path, plan: planner.Plan, draft: str 
     context = ContextParams(n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_ubatch=plan.n_ubatch, n_seq_max=n_seq,
                             n_threads=plan.threads, n_outputs_max=placements.VERIFY_ROWS, kv_type=plan.kv_type,
                             flash_attn=plan.flash_attn, op_offload=plan.op_offload,
-                            greedy_on_backend=config.greedy_on_backend and draft is None and plan.n_gpu_layers > 0)
+                            greedy_on_backend=config.greedy_on_backend and (draft is None or OUTPUT_ARGMAX)
+                            and plan.n_gpu_layers > 0)
     if config.exact:
         model, context = invariant.model_params(model), invariant.context_params(context)
     file_backed = plan.weights_mode == "file-backed"

@@ -166,11 +166,12 @@ def unplanned_target(n_gpu_layers: int, n_layer: int, m: MachineInfo, use_mmap: 
 
 
 def greedy_on_backend(n_gpu_layers: int, m: MachineInfo) -> bool:
-    """Whether plain greedy decoding may have the backend pick a target's tokens
+    """Whether greedy decoding may have the backend pick a target's tokens
     (edgespec.llama.rows): with its output layer on a GPU (any GPU layer: llama.cpp offloads the
-    output first). A 1.5B on an H200 decoded 542 tok/s so against 523 reading logits; its
-    verifications read logits (edgespec.spec.step), so loads with a drafter keep to logits.
-    The host output buffer then holds four times the logits rows (OUTPUT_PICKED)."""
+    output first). A 1.5B on an H200 decoded 542 tok/s so against 523 reading logits. A stock
+    build picks plain decoding's row only, and its host output buffer then holds four times the
+    logits rows (OUTPUT_PICKED); loads with a drafter verify with picks only where the build has
+    output argmax."""
     return m.gpu_offload and n_gpu_layers > 0
 
 
