@@ -217,6 +217,10 @@ class FakeContext:
         self._picking = on and self.greedy_on_backend and (self.output_argmax or not every_row)
         return self._picking
 
+    @property
+    def picking(self) -> bool:
+        return self._picking
+
     # -- fault injection ---------------------------------------------------------------------
     def fail_decode_at(self, k: int | None) -> None:
         """The k-th decode from now (1 = the next one) raises BackendError; None: never."""

@@ -472,9 +472,19 @@ class _DecodeLog:
     def __init__(self):
         self.sizes: list[int] = []
         self.model = type("M", (), {"tokenize": lambda self, text, add_special=True: [5]})()
+        self.picks: list[tuple[bool, bool]] = []  # pick_on_backend's calls
+        self.picking = False
+
+    def pick_on_backend(self, on: bool, every_row: bool = False) -> bool:
+        self.picks.append((on, every_row))
+        return False
 
     def decode(self, tokens, positions, seq_ids, logits):
         self.sizes.append(len(tokens))
+
+    def decode_rows(self, tokens, positions, seq_ids, logits):
+        self.decode(tokens, positions, seq_ids, logits)
+        return lambda i: None
 
     def seq_rm(self, seq, p0=0, p1=-1):
         pass
@@ -487,6 +497,7 @@ def test_a_gpu_calibration_warms_each_size_up_and_times_it_after_a_one_token_dec
     calibrate.measure_verify(ctx, sizes=(1, 3))
     warm, timed = [1] * calibrate.WARMUPS, [1] * calibrate.REPEATS
     assert ctx.sizes == [512] + timed + warm + timed + [3] * calibrate.WARMUPS + [1, 3] * calibrate.REPEATS
+    assert ctx.picks == [(True, True), (False, False)]  # rows read as greedy verification reads them
     ctx = _DecodeLog()
     monkeypatch.setattr(calibrate, "graphs_warm_up", lambda c: False)  # a CPU: as before
     calibrate.measure_verify(ctx, sizes=(1, 3))

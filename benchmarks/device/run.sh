@@ -438,6 +438,10 @@ stage_real() {
     wait_for "$W/build/bin/llama-speculative-simple" 120
     local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m
     for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    # output argmax (native/llama_cpp_patches.py): the GPU's picks against the host's argmax
+    [[ -s "$W/results/real-argmax-check.json" ]] || run 90 env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" \
+        "$W/venv/bin/python" benchmarks/device/argmax_check.py qwen2.5-coder-1.5b "$W/results/real-argmax-check.json" \
+        gpu > "$W/results/real-argmax-check.log" 2>&1; tail -3 "$W/results/real-argmax-check.log"
     [[ -s "$W/results/real-profile.json" ]] || run 120 env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" \
         "$W/venv/bin/python" benchmarks/device/profile_step.py qwen2.5-coder-1.5b "$W/results/real-profile.json" gpu
     local peers=peer:llama.cpp-plain,peer:llama.cpp-draft sb=(--suite specbench --split test) ce=(--suite code-edit-test)
@@ -445,16 +449,18 @@ stage_real() {
       "${es[@]}" plan --model qwen2.5-coder-1.5b --draft auto --vram-budget 900MiB; } > "$W/results/real-plans.txt" 2>&1
     real gpu-specbench 90 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto,$peers
     real gpu-codeedit 90 "${ce[@]}" --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto,$peers
+    real gpu-codeedit-host-greedy 60 "${ce[@]}" --limit 2 --max-tokens 256 --placement gpu --no-backend-greedy \
+        --configs plain,suffix,auto
+    real draft-gpu-specbench 150 "${sb[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
+    real budget-900-specbench 90 "${sb[@]}" --limit 1 --max-tokens 128 --vram-budget 900MiB --configs plain,auto,$peers
+    real overlap-specbench 120 "${sb[@]}" --limit 1 --max-tokens 128 --placement overlap --configs plain,auto,$peers
+    real draft-gpu-codeedit 120 "${ce[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
+    real gpu-specbench-host-greedy 60 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --no-backend-greedy \
+        --configs plain,suffix,auto
     # what auto decided there, step by step, and what its calibration measured (auto_diag.py)
     [[ -s "$W/results/real-auto-diag.json" ]] || run 150 env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" \
         "$W/venv/bin/python" benchmarks/device/auto_diag.py qwen2.5-coder-1.5b "$W/results/real-auto-diag.json" \
         gpu 8 1 256 > "$W/results/real-auto-diag.log" 2>&1 || tail -20 "$W/results/real-auto-diag.log"
-    real draft-gpu-specbench 150 "${sb[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
-    real budget-900-specbench 90 "${sb[@]}" --limit 1 --max-tokens 128 --vram-budget 900MiB --configs plain,auto,$peers
-    real draft-gpu-codeedit 120 "${ce[@]}" --limit 1 --max-tokens 128 --placement draft-gpu --configs plain,suffix,auto,$peers
-    real gpu-specbench-host-greedy 60 "${sb[@]}" --limit 2 --max-tokens 256 --placement gpu --no-backend-greedy \
-        --configs plain,suffix,auto
-    real overlap-specbench 120 "${sb[@]}" --limit 1 --max-tokens 128 --placement overlap --configs plain,auto,$peers
 }
 
 collect() {

@@ -439,6 +439,11 @@ class LlamaContext:
         several sequences (a verification), which only output argmax picks in one op."""
         return self._greedy.set(on and self.params.greedy_on_backend and (self._greedy.every_row or not every_row))
 
+    @property
+    def picking(self) -> bool:
+        """Whether the next decode's flagged rows come back as the backend's picks."""
+        return self._greedy.attached
+
     # -- decoding -----------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
                seq_ids: Sequence[Sequence[int]], logits: Sequence[bool]) -> np.ndarray:

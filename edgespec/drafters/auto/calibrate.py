@@ -22,6 +22,7 @@ from edgespec.llama import invariant
 from edgespec.llama.backend import LlamaContext, ModelParams, system_info
 from edgespec.drafters.auto.policy import CostModel
 from edgespec.llama.kernels import cuda_graphs, op_offload_min_batch
+from edgespec.llama.rows import OUTPUT_ARGMAX
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int
     # Which batches copy CPU-resident weights to the GPU: every context of a model with GPU
     # layers runs op offload (placements.target_flags; a drafter's likewise), none without.
     if params.n_gpu_layers != 0:  # "w": sizes warmed up and timed after a one-token decode
-        mode += f"-ob{op_offload_min_batch()}-w"
+        mode += f"-ob{op_offload_min_batch()}-w" + ("p" if OUTPUT_ARGMAX else "")  # "p": rows picked there
     attn = {None: "fa-auto", True: "fa", False: "nofa"}[flash_attn]
     return f"{Path(path).name}-{st.st_size}-{st.st_mtime_ns}-t{n_threads}-{mode}-{attn}-{VERSION}{tag}"
 
@@ -78,8 +79,9 @@ def context_key(ctx: LlamaContext, tag: str = "") -> str:
 def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, repeats: int = REPEATS,
                reduce=min, after_one: bool = False) -> float:
     """Seconds of an n-token batch at positions start..start+n-1 of a scratch sequence, every
-    row's logits requested (as verification asks), rolled back after each run; ``after_one``:
-    each run right after an (untimed) one-token decode, as a verification follows a plain step.
+    row read as verification reads it (its logits, or its pick where ``ctx`` picks on the
+    backend), rolled back after each run; ``after_one``: each run right after an (untimed)
+    one-token decode, as a verification follows a plain step.
 
     By default the minimum of a few runs: other load on a shared machine only ever adds time,
     and the policy needs the cost of the work itself.
@@ -90,7 +92,9 @@ def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, 
             ctx.decode([token], [start], [[seq]], [True])
             ctx.seq_rm(seq, start, -1)
         t0 = time.perf_counter()
-        ctx.decode([token] * n, range(start, start + n), [[seq]] * n, [True] * n)
+        rows = ctx.decode_rows([token] * n, range(start, start + n), [[seq]] * n, [True] * n)
+        for i in range(n):
+            rows.greedy(i) if ctx.picking else rows(i)
         times.append(time.perf_counter() - t0)
         ctx.seq_rm(seq, start, -1)
     return reduce(times)
@@ -122,6 +126,7 @@ def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...
     sizes = tuple(n for n in sizes if n <= largest_batch(ctx))
     start = max(0, min(CONTEXT_TOKENS, ctx.n_ctx - 2 * max(sizes, default=1)))
     warm = graphs_warm_up(ctx)
+    ctx.pick_on_backend(True, every_row=True)  # as greedy verification reads its rows
     try:
         fill_context(ctx, seq, token, 0, start)
         time_batch(ctx, 1, seq, token, start)  # warm-up: the first decode faults pages in
@@ -132,6 +137,7 @@ def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...
             times.append(time_batch(ctx, n, seq, token, start, after_one=warm and n > 1))
         return sizes, tuple(times)
     finally:
+        ctx.pick_on_backend(False)
         ctx.seq_rm(seq, -1, -1)
 
 
