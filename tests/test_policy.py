@@ -502,3 +502,18 @@ def test_a_gpu_calibration_warms_each_size_up_and_times_it_after_a_one_token_dec
     monkeypatch.setattr(calibrate, "graphs_warm_up", lambda c: False)  # a CPU: as before
     calibrate.measure_verify(ctx, sizes=(1, 3))
     assert ctx.sizes == [512] + timed + timed + [3] * calibrate.REPEATS
+
+
+def test_a_calibration_where_the_backend_picks_every_row_reads_no_logits(monkeypatch):
+    """On a build with output argmax verification reads picks, so the curve is timed that way:
+    filling the context, the one-token decodes and the timed batches read no logits row (a
+    picked row has none), and picks are off again afterwards."""
+    from edgespec.drafters.auto import calibrate
+    from fake_model import FakeContext, FakeModel
+    model = FakeModel(n_vocab=64)
+    model.tokenize = lambda text, add_special=True: [5]
+    monkeypatch.setattr(calibrate, "graphs_warm_up", lambda c: True)  # a GPU's: after one-token decodes
+    ctx = FakeContext(model, n_ctx=1024, n_batch=256, n_seq_max=2, n_outputs_max=65, greedy_on_backend=True,
+                      output_argmax=True)
+    sizes, times = calibrate.measure_verify(ctx, sizes=(1, 2, 8))
+    assert sizes == (1, 2, 8) and all(t > 0 for t in times) and not ctx.picking

@@ -89,7 +89,7 @@ def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, 
     times = []
     for _ in range(repeats):
         if after_one:
-            ctx.decode([token], [start], [[seq]], [True])
+            ctx.decode_rows([token], [start], [[seq]], [True])
             ctx.seq_rm(seq, start, -1)
         t0 = time.perf_counter()
         rows = ctx.decode_rows([token] * n, range(start, start + n), [[seq]] * n, [True] * n)
@@ -111,7 +111,7 @@ def fill_context(ctx: LlamaContext, seq: int, token: int, start: int, end: int) 
     timed batches attend to a context of ``end`` tokens."""
     for pos in range(start, end, ctx.n_batch):
         n = min(ctx.n_batch, end - pos)
-        ctx.decode([token] * n, range(pos, pos + n), [[seq]] * n, [False] * (n - 1) + [True])
+        ctx.decode_rows([token] * n, range(pos, pos + n), [[seq]] * n, [False] * (n - 1) + [True])
 
 
 def largest_batch(ctx: LlamaContext) -> int:
