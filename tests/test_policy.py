@@ -517,3 +517,33 @@ def test_a_calibration_where_the_backend_picks_every_row_reads_no_logits(monkeyp
                       output_argmax=True)
     sizes, times = calibrate.measure_verify(ctx, sizes=(1, 2, 8))
     assert sizes == (1, 2, 8) and all(t > 0 for t in times) and not ctx.picking
+
+
+def test_the_depth_calibration_learns_and_prices_as_its_definition():
+    """Factors down to a depth are the first factors of all depths, and an update walks each
+    node's children in drafting order (the sums and the first hit as a scan of every node)."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        fast, slow = TreeDepthCalibration(max_depth=16), TreeDepthCalibration(max_depth=16)
+        for _ in range(5):
+            n = int(rng.integers(1, 40))
+            parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+            tokens = rng.integers(0, 4, n).tolist()
+            scores = rng.random(n).tolist()
+            truth = rng.integers(0, 4, int(rng.integers(0, 20))).tolist()
+            fast.update(tokens, parents, scores, truth)
+            node = -1  # the definition: scan every node for the children of the one reached
+            for depth, true_token in enumerate(truth[:len(slow.num)]):
+                base = 1.0 if node < 0 else scores[node]
+                kids = [i for i in range(n) if parents[i] == node]
+                if not kids or base <= 0:
+                    break
+                hit = next((i for i in kids if tokens[i] == true_token), None)
+                slow.num[depth] = slow.num[depth] * slow.decay + (hit is not None)
+                slow.den[depth] = slow.den[depth] * slow.decay + min(1.0, sum(scores[i] for i in kids) / base)
+                if hit is None:
+                    break
+                node = hit
+        assert fast.num == slow.num and fast.den == slow.den
+        k = int(rng.integers(0, 20))
+        assert fast.factors(k) == fast.factors()[:k]

@@ -73,12 +73,27 @@ def best_tree_prefix(path_probs: Sequence[float], cost: CostModel, max_nodes: in
         is chosen only when it beats a plain step by ``margin``.
     """
     plain = (1.0 + margin) / cost.verify(1)
+    if len(path_probs[:max_nodes]) <= SMALL_DRAFT:
+        return _loop_tree_prefix(path_probs[:max_nodes], cost, plain)
     probs = np.asarray(path_probs[:max_nodes], float)
-    if not len(probs):
-        return 0, plain
     # expected tokens of each prefix, summed left to right as a running total would
     expected = np.cumsum(np.concatenate(([1.0], probs)))[1:]
     return _best(expected / cost.verify_range(2, len(probs)), plain)
+
+
+# Up to this many nodes the running loop prices a draft faster than numpy's calls (3 nodes: 2.4
+# against 11 us on the dev VM) and to the same bits: it is the definition the arrays follow.
+SMALL_DRAFT = 16
+
+
+def _loop_tree_prefix(probs: Sequence[float], cost: CostModel, plain: float) -> tuple[int, float]:
+    best_m, best_rate, expected = 0, plain, 1.0
+    for m, p in enumerate(probs, start=1):
+        expected += p
+        rate = expected / cost.verify(1 + m)
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    return best_m, best_rate
 
 
 def best_chain_length(alphas: Sequence[float], cost: CostModel, max_len: int,
@@ -307,16 +322,17 @@ class TreeDepthCalibration:
         """Takes a saved state, each depth's evidence scaled down to at most ``weight``."""
         _carry(self.num, self.den, state, weight)
 
-    def factors(self) -> list[float]:
+    def factors(self, depths: int | None = None) -> list[float]:
+        """Each depth's factor, the first ``depths`` of them (all: None)."""
         out, above = [], self.prior
-        for num, den in zip(self.num, self.den):
+        for num, den in zip(self.num[:depths], self.den[:depths]):
             above = (num + self.weight * above) / (den + self.weight)
             out.append(above)
         return out
 
     def path_probs(self, parents: Sequence[int], scores: Sequence[float]) -> list[float]:
         """Estimated probability that the target accepts the path to each node."""
-        factors = self.factors()
+        factors = self.factors(len(parents))  # a node's depth is below the tree's size
         probs: list[float] = []
         depths: list[int] = []
         for i, p in enumerate(parents):
@@ -335,12 +351,15 @@ class TreeDepthCalibration:
         Walks the tree along ``truth``: at each depth the children of the node reached predict
         (sum of their conditional scores) and hit when one of them is the true token.
         """
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(parents):  # each node's children in drafting order, found once
+            children.setdefault(p, []).append(i)
         node = -1
         for depth, true_token in enumerate(truth):
             if depth >= len(self.num):
                 break
             base = 1.0 if node < 0 else scores[node]
-            kids = [i for i in range(len(parents)) if parents[i] == node]
+            kids = children.get(node, [])
             if not kids or base <= 0:
                 break
             predicted = min(1.0, sum(scores[i] for i in kids) / base)
