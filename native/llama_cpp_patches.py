@@ -39,8 +39,8 @@ class PatchError(RuntimeError):
 # to step: on an H100 a 7B-shaped target pays 0.76 ms (of a 3.9 ms step) and the 0.5B drafter
 # 2.55 ms per change. With the batch's row count and its outputs' in the key each shape keeps its
 # graph: 0.47 / 0.54 ms per change, and `auto`'s target decodes on 30 Spec-Bench questions 10%
-# faster on one machine (benchmarks/RESULTS-gpu.md section 18). The key only picks a slot of the
-# map: llama.cpp's node-by-node property check still guards every replay, so two graphs that
+# faster on one machine. The key only picks a slot of the map: llama.cpp's node-by-node
+# property check still guards every replay, so two graphs that
 # share a slot (row counts mod 256, or pointers that use bits 48-63) cost a rebuild, never a
 # wrong result. An empty graph, or a 32-bit build, keeps llama.cpp's own key. A graph that ends
 # in the outputs' argmax (OUTPUT_ARGMAX) counts its outputs by the argmax's length.

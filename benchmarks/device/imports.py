@@ -1,5 +1,5 @@
 """Bisects the SIGSEGV of `import onnxruntime` beside llama.cpp's CUDA build: imports.py STEP MODEL,
-each step in its own process (RESULTS-gpu.md section 19); a step that survives prints "ok".
+each step in its own process (edgespec/llama/__init__.py); a step that survives prints "ok".
 
 lib:NAME        one library loaded first (libggml-* from LLAMA_LIBS, default run.sh's venv), then onnxruntime
 ort-first-load  onnxruntime (and its numpy) first, then llama.cpp and MODEL loaded on the GPU

@@ -83,7 +83,7 @@ CONFIGS = {
     "offload-7b-beside-drafter-pinned": ("qwen7b", 4, False, True, SIZES, False),
     "offload-7b-pinned": ("qwen7b", THIRD, False, True, SIZES, False),
     # wholly on the GPU with one CPU thread (it only looks up token embeddings): within the
-    # process-to-process noise of 8 threads on the H100 (RESULTS-gpu.md section 17)
+    # process-to-process noise of 8 threads on the H100
     "gpu-7b-t1": ("qwen7b", ALL, False, True, SIZES, True, 1),
     "gpu-0.5b-t1": ("qwen0.5b", ALL, False, True, SIZES, True, 1),
 }

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-import edgespec  # noqa: F401  (first: llama.cpp must load before numpy here, RESULTS-gpu.md section 4)
+import edgespec  # noqa: F401  (first: llama.cpp must load before numpy here, edgespec/llama/__init__.py)
 import numpy as np
 
 from edgespec.decode.request import GenerationRequest

@@ -7,8 +7,8 @@ Resident memory (RSS, and its anonymous part: what a budget cannot get back from
 after the libraries load, after llama.cpp has enumerated its devices (the CUDA context), after
 the engine has loaded the target and the drafter, and the peak during a 64-token request; with
 the plan's RAM parts beside them, and after the request the largest mappings by RSS (the heap,
-anonymous mappings, each library and model file). RESULTS-gpu.md section 19 found a GPU
-request's RSS well above its plan; this says which phase adds what.
+anonymous mappings, each library and model file). A GPU request's RSS was once well above
+its plan; this says which phase adds what.
 """
 from __future__ import annotations
 

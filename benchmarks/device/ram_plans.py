@@ -1,5 +1,5 @@
 """The plans the planner makes now for the layouts `run.sh ram` measured, beside the request
-peaks measured then (RESULTS-gpu.md section 20's "plan now" column): the same clone files
+peaks measured then (the plans of 2026-11-28, benchmarks/LOG.md): the same clone files
 (made here by measure.py clones from the carried headers, seed 1, as on the GPU machine) and
 the GPU machine as its results describe it, planned as ram.py's engine plans them.
 
@@ -42,7 +42,7 @@ def main(results: str, models: str) -> None:
         measured = json.load(f)
     drafter = footprint_of(model_file(os.path.join(models, "qwen0.5b.gguf")))
     # recorded: the plan ram.py recorded (its runtime part, not the pinned compute buffer yet);
-    # before: that plan without the runtime part, as the planner had it before section 20
+    # before: that plan without the runtime part, as the planner had it before the runtime part
     print("| layout | request peak MiB | plan before | plan recorded | plan now | spare |")
     print("|---|---|---|---|---|---|")
     for name, (placement, target, with_drafter, vram) in LAYOUTS.items():

@@ -153,8 +153,8 @@ stage_imports() {
 # few of them (pytest node ids, space-separated), by default all.
 stage_maketests() { gpu_tests maketests.txt "${OWN[@]}" "$W/venv/bin/python" -P; }
 
-# Where each placement's RAM goes, phase by phase, against its plan (ram.py; RESULTS-gpu.md
-# section 19: a GPU request's RSS was well above its plan). Named engine-ram-* so that collect
+# Where each placement's RAM goes, phase by phase, against its plan (ram.py: a GPU
+# request's RSS was once well above its plan). Named engine-ram-* so that collect
 # brings them back with the engine results.
 stage_ram() {
     local m="$W/models" d=(--drafter "$W/models/qwen0.5b.gguf") c
@@ -195,7 +195,7 @@ stage_diag() {
     done
 }
 
-stage_numpy() {  # why a model load dies when numpy was imported first (section 4 of RESULTS-gpu)
+stage_numpy() {  # why a model load dies when numpy was imported first (edgespec/llama/__init__.py)
     local M="$W/models/qwen0.5b.gguf" D=benchmarks/device/diag.py
     { for s in raw-numpy-first maps preload-ggml; do run 20 python3 $D $s "$M"; echo "$s rc=$?"; done
       CUDA_VISIBLE_DEVICES= run 20 python3 $D raw-numpy-first "$M"; echo "no-cuda-device rc=$?"
@@ -223,7 +223,7 @@ stage_gputests() { gpu_tests gputests.txt python3; }  # tests marked gpu, on the
 # under the interpreter PYTHON... names, into results/OUT. edgespec first: it orders llama.cpp,
 # numpy and onnxruntime (edgespec/llama/__init__.py); the image's pytest (with its plugins) loads
 # numpy before conftest does, and on 2026-11-26 `python3 -m pytest` died at the first model load
-# (RESULTS-gpu.md sections 4 and 19)
+# (edgespec/llama/__init__.py)
 gpu_tests() {
     local out="$W/results/$1"; shift
     EDGESPEC_GPU_MODELS="$W/models" EDGESPEC_HOME="$W/home" run 60 "$@" -c 'import edgespec, sys, pytest

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-import edgespec  # noqa: F401  (llama.cpp before numpy: RESULTS-gpu.md section 4)
+import edgespec  # noqa: F401  (llama.cpp before numpy: edgespec/llama/__init__.py)
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.drafters.tree_kv import PathKV
