@@ -97,17 +97,18 @@ class _PullView:
 
 @models_app.command("pull")
 def pull(
-    name: str = typer.Argument(..., help="Name of a known model (see `edgespec models list`)."),
+    names: list[str] = typer.Argument(..., help="Names of known models (see `edgespec models list`)."),
     force: bool = typer.Option(False, "--force", help="Fetch and verify again even if present."),
 ) -> None:
-    """Download a known model into the store and verify its size and sha256."""
+    """Download known models into the store and verify their size and sha256."""
     store = _store()
-    with _PullView(_err) as view:
-        path = store.pull(name, progress=view, force=force)
-    if view.already_present:
-        _out.print(f"{name} is already present: {path}")
-    else:
-        _out.print(f"pulled {name}: {path}")
+    for name in names:  # one process for all: a command starts in ~1 s
+        with _PullView(_err) as view:
+            path = store.pull(name, progress=view, force=force)
+        if view.already_present:
+            _out.print(f"{name} is already present: {path}")
+        else:
+            _out.print(f"pulled {name}: {path}")
 
 
 @models_app.command("list")
