@@ -35,9 +35,7 @@ typedef struct {
     int16_t bsums[16];   /* sum of each 16 quants */
 } qmm_block_q8_K;        /* activation = d*q */
 
-/* QMM_AVX2 takes one Q4_K weight row per pass below 16 activation rows and two from 16;
- * QMM_AVX2_1ROW always one (Q6_K: the same on both). Same bits either way. */
-enum { QMM_AUTO = 0, QMM_SCALAR = 1, QMM_AVX2 = 2, QMM_AVX512 = 3, QMM_AVX2_1ROW = 4 };
+enum { QMM_AUTO = 0, QMM_SCALAR = 1, QMM_AVX2 = 2, QMM_AVX512 = 3 };
 
 /* The path QMM_AUTO picks on this CPU. */
 int qmm_best_path(void);
