@@ -11,8 +11,8 @@
  *   V=.venv/lib/python3*\/site-packages/llama_cpp/lib G=/tmp/src/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml
  *   cc -O2 -ffp-contract=off -pthread -I$G/include native/qmatmul/qmatmul.c native/qmatmul/bench_qmatmul.c \
  *      -L$V -Wl,-rpath,$(realpath $V) -lggml -lggml-base -lggml-cpu -lm -o /tmp/bench_qmatmul
- *   flock /tmp/edgespec-cpu.lock /tmp/bench_qmatmul [threads=2] [path: avx2|avx2-1row|avx512vnni|auto]
- *       [ffn,model,micro] [norepack]
+ *   flock /tmp/edgespec-cpu.lock /tmp/bench_qmatmul [threads=2] [path: avx2|avx512vnni|auto]
+ *       [ffn,model,micro,check] [repack|norepack] [batch sizes, default 1,2,4,8,16,32,64]
  * With LD_LIBRARY_PATH pointing at a ggml built with llama_cpp_qmatmul.py's patch (and norepack),
  * the ggml columns are llama.cpp's patched matmul.
  */
@@ -73,7 +73,7 @@ static struct {
     const float *x[2];          /* activations for K = 1536 and K = 8960 */
     qmm_block_q8_K *xq;         /* quantized activations of the current matrix */
     float *y;
-    atomic_int arrived, gen, stop;
+    atomic_int arrived, gen, stop, chunk, awake, go;
     ggml_from_float_t q8;
 } P;
 
@@ -92,10 +92,15 @@ static void pass(int t) {
         mat *m = &P.mats[i];
         const float *x = P.x[m->K != 1536];
         for (int r = t; r < P.n; r += P.threads) P.q8(x + (size_t)r * m->K, P.xq + (size_t)r * (m->K / 256), m->K);
+        if (t == 0) atomic_store(&P.chunk, P.threads);
         barrier();
-        int o0 = (int)((long)m->M * t / P.threads), o1 = (int)((long)m->M * (t + 1) / P.threads);
-        if (m->type == GGML_TYPE_Q4_K) qmm_q4_K(P.path, m->K, o0, o1, P.n, m->w, P.xq, P.y, m->M);
-        else qmm_q6_K(P.path, m->K, o0, o1, P.n, m->w, P.xq, P.y, m->M);
+        /* 4 chunks of output rows per thread, taken as threads come free, as in the patched ggml */
+        const int nchunk = m->M < 4 * P.threads ? 1 : 4 * P.threads, dr = (m->M + nchunk - 1) / nchunk;
+        for (int c = t; c < nchunk; c = atomic_fetch_add(&P.chunk, 1)) {
+            int o0 = c * dr, o1 = o0 + dr < m->M ? o0 + dr : m->M;
+            if (m->type == GGML_TYPE_Q4_K) qmm_q4_K(P.path, m->K, o0, o1, P.n, m->w, P.xq, P.y, m->M);
+            else qmm_q6_K(P.path, m->K, o0, o1, P.n, m->w, P.xq, P.y, m->M);
+        }
         barrier();
     }
 }
@@ -114,6 +119,8 @@ static void *worker(void *arg) {
         seen = start_gen;
         pthread_mutex_unlock(&start_mu);
         if (atomic_load(&P.stop)) return NULL;
+        atomic_fetch_add(&P.awake, 1);
+        while (atomic_load(&P.go) != seen) __builtin_ia32_pause();
         pass(t);
     }
 }
@@ -127,8 +134,12 @@ static void start_workers(void) {
 
 static double ours(mat *mats, int nmats, int n) {
     P.mats = mats; P.nmats = nmats; P.n = n;
-    double t0 = now();
+    /* the workers are woken before the clock starts: their wake-up is not the kernel's time */
+    atomic_store(&P.awake, 0);
     start_workers();
+    while (atomic_load(&P.awake) != P.threads - 1) __builtin_ia32_pause();
+    double t0 = now();
+    atomic_store(&P.go, start_gen);
     pass(0);
     return now() - t0;
 }
@@ -136,30 +147,48 @@ static double ours(mat *mats, int nmats, int n) {
 /* ---------------------------------------------------------------- ggml's side */
 static ggml_backend_t backend;
 
-static double theirs(mat *mats, int nmats, int n, const float *x1536, const float *x8960, float *out_first, int reps) {
+typedef struct {
+    struct ggml_context *ctx;
+    struct ggml_cgraph *gf;
+    struct ggml_tensor *first;
+    ggml_backend_buffer_t buf;
+} graph;
+
+static graph build(mat *mats, int nmats, int n, const float *x1536, const float *x8960) {
+    graph g;
     struct ggml_init_params ip = {.mem_size = ggml_tensor_overhead() * (nmats + 8) + ggml_graph_overhead_custom(4096, false), .no_alloc = true};
-    struct ggml_context *ctx = ggml_init(ip);
-    struct ggml_tensor *xa = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1536, n), *xb = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8960, n);
-    struct ggml_cgraph *gf = ggml_new_graph_custom(ctx, 4096, false);
-    struct ggml_tensor *first = NULL;
+    g.ctx = ggml_init(ip);
+    struct ggml_tensor *xa = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, 1536, n), *xb = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, 8960, n);
+    g.gf = ggml_new_graph_custom(g.ctx, 4096, false);
+    g.first = NULL;
     for (int i = 0; i < nmats; i++) {
-        struct ggml_tensor *y = ggml_mul_mat(ctx, mats[i].gw, mats[i].K == 1536 ? xa : xb);
-        if (!first) first = y;
-        ggml_build_forward_expand(gf, y);
+        struct ggml_tensor *y = ggml_mul_mat(g.ctx, mats[i].gw, mats[i].K == 1536 ? xa : xb);
+        if (!g.first) g.first = y;
+        ggml_build_forward_expand(g.gf, y);
     }
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+    g.buf = ggml_backend_alloc_ctx_tensors_from_buft(g.ctx, ggml_backend_cpu_buffer_type());
     ggml_backend_tensor_set(xa, x1536, 0, sizeof(float) * 1536 * n);
     ggml_backend_tensor_set(xb, x8960, 0, sizeof(float) * 8960 * n);
+    return g;
+}
+
+static double timed(graph *g) {
+    double t0 = now();
+    ggml_backend_graph_compute(backend, g->gf);
+    return now() - t0;
+}
+
+static void release(graph *g, float *out_first) {
+    if (out_first) ggml_backend_tensor_get(g->first, out_first, 0, ggml_nbytes(g->first));
+    ggml_backend_buffer_free(g->buf);
+    ggml_free(g->ctx);
+}
+
+static double theirs(mat *mats, int nmats, int n, const float *x1536, const float *x8960, float *out_first, int reps) {
+    graph g = build(mats, nmats, n, x1536, x8960);
     double best = 1e30;
-    for (int r = 0; r < reps; r++) {
-        double t0 = now();
-        ggml_backend_graph_compute(backend, gf);
-        double dt = now() - t0;
-        if (dt < best) best = dt;
-    }
-    if (out_first) ggml_backend_tensor_get(first, out_first, 0, ggml_nbytes(first));
-    ggml_backend_buffer_free(buf);
-    ggml_free(ctx);
+    for (int r = 0; r < reps; r++) best = fmin(best, timed(&g));
+    release(&g, out_first);
     return best;
 }
 
@@ -181,23 +210,29 @@ static void make_weights(mat *mats, int nmats, ggml_backend_buffer_type_t repack
     for (int i = 0; i < nmats; i++) ggml_backend_tensor_set(mats[i].gw, mats[i].w, 0, ggml_nbytes(mats[i].gw));
 }
 
+static int ns[7] = {1, 2, 4, 8, 16, 32, 64}, nns = 7;
+
 static void run(const char *name, mat *mats, int nmats, const float *x1536, const float *x8960, int reps) {
-    const int ns[] = {1, 2, 4, 8, 16, 32, 64};
     double to[7], tg[7];
     const int M0 = mats[0].M;
     float *g1 = malloc(sizeof(float) * M0 * 64), *gn = malloc(sizeof(float) * M0 * 64), *o1 = malloc(sizeof(float) * M0 * 64);
     theirs(mats, nmats, 1, x1536, x8960, g1, 1);  /* warm-up, and ggml's one-row result */
     printf("%s: %d matmuls\n  n   ours ms  ours T(n)/T(1)   ggml ms  ggml T(n)/T(1)   ours/ggml   ggml row0 bits kept   ours vs ggml max rel err\n", name, nmats);
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < nns; k++) {
         int n = ns[k];
-        double b = 1e30;
-        for (int r = 0; r < reps; r++) { double t = ours(mats, nmats, n); if (t < b) b = t; }
-        to[k] = b;
+        /* ours and ggml's alternate, so that other load on the machine falls on both */
+        graph g = build(mats, nmats, n, x1536, x8960);
+        timed(&g);
+        to[k] = tg[k] = 1e30;
+        for (int r = 0; r < reps; r++) {
+            to[k] = fmin(to[k], ours(mats, nmats, n));
+            tg[k] = fmin(tg[k], timed(&g));
+        }
+        release(&g, gn);
         /* ours for matrix 0 alone, to compare with ggml's result */
         P.n = n;
         for (int r = 0; r < n; r++) P.q8(x1536 + (size_t)r * 1536, P.xq + (size_t)r * 6, 1536);
         if (mats[0].type == GGML_TYPE_Q4_K) qmm_q4_K(P.path, 1536, 0, M0, n, mats[0].w, P.xq, o1, M0);
-        tg[k] = theirs(mats, nmats, n, x1536, x8960, gn, reps);
         double err = 0, mag = 0;
         for (int i = 0; i < M0 * n; i++) { err = fmax(err, fabs(o1[i] - gn[i])); mag = fmax(mag, fabs(gn[i])); }
         int kept = !memcmp(g1, gn, sizeof(float) * M0);
@@ -211,8 +246,7 @@ int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2;
     int path = QMM_AUTO;
     if (argc > 2)
-        path = !strcmp(argv[2], "avx2") ? QMM_AVX2 : !strcmp(argv[2], "avx512vnni") ? QMM_AVX512
-             : !strcmp(argv[2], "avx2-1row") ? QMM_AVX2_1ROW : QMM_AUTO;
+        path = !strcmp(argv[2], "avx2") ? QMM_AVX2 : !strcmp(argv[2], "avx512vnni") ? QMM_AVX512 : QMM_AUTO;
     if (path == QMM_AUTO) path = qmm_best_path();
     const char *which = argc > 3 ? argv[3] : "ffn,model";
     ggml_cpu_init();
@@ -225,6 +259,10 @@ int main(int argc, char **argv) {
     /* "norepack": Q4_K in the plain CPU buffer, as llama.cpp places it when the repack buffer
      * does not take Q4_K (native/qmatmul/llama_cpp_qmatmul.py's patched build). */
     const int norepack = argc > 4 && !strcmp(argv[4], "norepack");
+    if (argc > 5) {  /* the batch sizes, e.g. 1,2,4,8,16 */
+        nns = 0;
+        for (char *p = argv[5]; *p && nns < 7; p += strcspn(p, ","), p += *p == ',') ns[nns++] = atoi(p);
+    }
     for (ggml_backend_buffer_type_t *b = extra && !norepack ? extra(dev) : NULL; b && *b; b++)
         if (strstr(ggml_backend_buft_name(*b), "REPACK")) repack = *b;
     printf("threads %d, our path %s, ggml Q4_K weights in %s\n", threads, qmm_path_name(path), repack ? ggml_backend_buft_name(repack) : "CPU (no repack)");
@@ -288,6 +326,17 @@ int main(int argc, char **argv) {
         make_weights(ffn, 16, repack);
         run("ffn up 8960x1536 Q4_K (x16 copies, 123 MB)", ffn, 16, x1536, x8960, 5);
     }
+    if (strstr(which, "down")) {
+        mat down[16];
+        for (int i = 0; i < 16; i++) down[i] = (mat){GGML_TYPE_Q4_K, 1536, 8960, 0, 0};
+        make_weights(down, 16, repack);
+        run("ffn down 1536x8960 Q4_K (x16 copies, 124 MB)", down, 16, x1536, x8960, 5);
+    }
+    if (strstr(which, "out")) {
+        mat out[1] = {{GGML_TYPE_Q6_K, 151936, 1536, 0, 0}};
+        make_weights(out, 1, repack);
+        run("output 151936x1536 Q6_K (191 MB)", out, 1, x1536, x8960, 5);
+    }
     if (strstr(which, "model")) {
         static mat model[28 * 7 + 1];
         int k = 0;
@@ -303,7 +352,7 @@ int main(int argc, char **argv) {
         }
         model[k++] = (mat){GGML_TYPE_Q6_K, 151936, 1536, 0, 0};
         make_weights(model, k, repack);
-        run("model: Qwen2.5 1.5B Q4_K_M matmuls (980 MB)", model, k, x1536, x8960, 3);
+        run("model: Qwen2.5 1.5B Q4_K_M matmuls (980 MB)", model, k, x1536, x8960, 5);
     }
     atomic_store(&P.stop, 1);
     start_workers();

@@ -30,16 +30,29 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("--no-repack", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-bits", action="store_true")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="batch sizes to time, e.g. 1,2,4,8,16")
     args = ap.parse_args()
     model = LlamaModel(args.model, ModelParams(repack=not args.no_repack))
     ctx = LlamaContext(model, ContextParams(n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=2, n_threads=2,
                                             n_threads_batch=2, flash_attn=False))
+    print(f"model {Path(args.model).name}, repack {'off' if args.no_repack else 'on'}")
+    if not args.no_bits:
+        bits(model, ctx)
+    if not args.no_timing:
+        sizes, times = measure_verify(ctx, tuple(int(n) for n in args.sizes.split(",")))
+        print("  T(n) ms:     " + "  ".join(f"{n}: {t * 1e3:.1f}" for n, t in zip(sizes, times)))
+        print("  T(n)/T(1):   " + "  ".join(f"{n}: {t / times[0]:.2f}" for n, t in zip(sizes, times)))
+    return 0
+
+
+def bits(model: LlamaModel, ctx: LlamaContext) -> None:
+    """Whether each row of batches of 2..64 has the bits of the same token decoded alone."""
     tokens = model.tokenize(TEXT, add_special=False)
     prefix, draft = tokens[:32], tokens[32:96]
     assert len(draft) == 64, len(tokens)
     ctx.decode(prefix, range(32), [[0]] * 32, [False] * 31 + [True])
     alone = np.stack([ctx.decode([t], [32 + k], [[0]], [True])[0] for k, t in enumerate(draft)])
-    print(f"model {Path(args.model).name}, repack {'off' if args.no_repack else 'on'}")
     for n in SIZES[1:]:
         ctx.seq_rm(0, 32, -1)
         rows = ctx.decode(draft[:n], range(32, 32 + n), [[0]] * n, [True] * n)
@@ -47,11 +60,6 @@ def main() -> int:
         print(f"  batch of {n:2d}: {same:2d} of {n:2d} rows have the one-token decode's bits, "
               f"max |logit difference| {np.max(np.abs(rows - alone[:n])):.3g}")
     ctx.seq_rm(0, -1, -1)
-    if not args.no_timing:
-        sizes, times = measure_verify(ctx, SIZES)
-        print("  T(n) ms:     " + "  ".join(f"{n}: {t * 1e3:.1f}" for n, t in zip(sizes, times)))
-        print("  T(n)/T(1):   " + "  ".join(f"{n}: {t / times[0]:.2f}" for n, t in zip(sizes, times)))
-    return 0
 
 
 if __name__ == "__main__":
