@@ -34,7 +34,7 @@ TEST_MODELS := $(DEMO_MODELS) smollm2-135m gemma3-270m
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --no-compile --upgrade pip
 
 # --no-compile: pip would compile every file of every dependency (20 of its 42 s here); a module
 # is compiled when first imported instead, and its bytecode kept (PYTHONDONTWRITEBYTECODE below).
