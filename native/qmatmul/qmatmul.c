@@ -520,8 +520,11 @@ static int have(int path) {
     }
 }
 
+/* AVX2 wherever the CPU has it: on a Xeon with AVX-512 VNNI the AVX2 kernel took 12.7 ns a Q4_K
+ * block at n = 1 and 5.0 at n = 16 against 20.3 and 6.0 for the AVX-512 one (which unpacks the
+ * whole block first). */
 int qmm_best_path(void) {
-    return have(QMM_AVX512) ? QMM_AVX512 : have(QMM_AVX2) ? QMM_AVX2 : QMM_SCALAR;
+    return have(QMM_AVX2) ? QMM_AVX2 : QMM_SCALAR;
 }
 
 const char *qmm_path_name(int path) {
