@@ -73,7 +73,7 @@ static struct {
     const float *x[2];          /* activations for K = 1536 and K = 8960 */
     qmm_block_q8_K *xq;         /* quantized activations of the current matrix */
     float *y;
-    atomic_int arrived, gen, stop, chunk, awake, go;
+    atomic_int arrived, gen, stop, awake, go;
     ggml_from_float_t q8;
 } P;
 
@@ -92,15 +92,10 @@ static void pass(int t) {
         mat *m = &P.mats[i];
         const float *x = P.x[m->K != 1536];
         for (int r = t; r < P.n; r += P.threads) P.q8(x + (size_t)r * m->K, P.xq + (size_t)r * (m->K / 256), m->K);
-        if (t == 0) atomic_store(&P.chunk, P.threads);
         barrier();
-        /* 4 chunks of output rows per thread, taken as threads come free, as in the patched ggml */
-        const int nchunk = m->M < 4 * P.threads ? 1 : 4 * P.threads, dr = (m->M + nchunk - 1) / nchunk;
-        for (int c = t; c < nchunk; c = atomic_fetch_add(&P.chunk, 1)) {
-            int o0 = c * dr, o1 = o0 + dr < m->M ? o0 + dr : m->M;
-            if (m->type == GGML_TYPE_Q4_K) qmm_q4_K(P.path, m->K, o0, o1, P.n, m->w, P.xq, P.y, m->M);
-            else qmm_q6_K(P.path, m->K, o0, o1, P.n, m->w, P.xq, P.y, m->M);
-        }
+        int o0 = (int)((long)m->M * t / P.threads), o1 = (int)((long)m->M * (t + 1) / P.threads);
+        if (m->type == GGML_TYPE_Q4_K) qmm_q4_K(P.path, m->K, o0, o1, P.n, m->w, P.xq, P.y, m->M);
+        else qmm_q6_K(P.path, m->K, o0, o1, P.n, m->w, P.xq, P.y, m->M);
         barrier();
     }
 }
