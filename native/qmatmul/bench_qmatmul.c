@@ -293,26 +293,37 @@ int main(int argc, char **argv) {
         free(g); free(y);
     }
     if (strstr(which, "micro")) {
-        /* One thread: ns per weight block per activation row, weights in cache (1024 x 1536,
-         * 864 KB, repeated) and streamed (the 16 FFN copies): compute cost apart from memory. */
-        mat c = {GGML_TYPE_Q4_K, 1024, 1536, 0, 0};
-        make_weights(&c, 1, NULL);
-        mat s16[16];
-        for (int i = 0; i < 16; i++) s16[i] = (mat){GGML_TYPE_Q4_K, 8960, 1536, 0, 0};
-        make_weights(s16, 16, NULL);
-        for (int n = 1; n <= 64; n *= 2) {
+        /* One thread: ns per weight block per activation row of Q4_K and Q6_K, weights in cache
+         * (256 x 1536 Q4_K, 221 KB, repeated) and streamed (16 copies of 8960 x 1536, 124 MB of
+         * Q4_K, 181 MB of Q6_K): compute cost apart from memory, and with it. */
+        mat c4 = {GGML_TYPE_Q4_K, 256, 1536, 0, 0}, c6 = {GGML_TYPE_Q6_K, 256, 1536, 0, 0};
+        make_weights(&c4, 1, NULL);
+        make_weights(&c6, 1, NULL);
+        mat s4[16], s6[16];
+        for (int i = 0; i < 16; i++) s4[i] = (mat){GGML_TYPE_Q4_K, 8960, 1536, 0, 0}, s6[i] = (mat){GGML_TYPE_Q6_K, 8960, 1536, 0, 0};
+        make_weights(s4, 16, NULL);
+        make_weights(s6, 16, NULL);
+        for (int k = 0; k < nns; k++) {
+            const int n = ns[k];
             for (int r = 0; r < n; r++) P.q8(x1536 + (size_t)r * 1536, P.xq + (size_t)r * 6, 1536);
-            double best = 1e30, bests = 1e30;
+            double c[2] = {1e30, 1e30}, st[2] = {1e30, 1e30};
             for (int rep = 0; rep < 5; rep++) {
                 double t0 = now();
-                for (int i = 0; i < 20; i++) qmm_q4_K(P.path, 1536, 0, 1024, n, c.w, P.xq, P.y, 1024);
-                best = fmin(best, (now() - t0) / 20);
+                for (int i = 0; i < 20; i++) qmm_q4_K(P.path, 1536, 0, 256, n, c4.w, P.xq, P.y, 256);
+                c[0] = fmin(c[0], (now() - t0) / 20);
                 t0 = now();
-                for (int i = 0; i < 16; i++) qmm_q4_K(P.path, 1536, 0, 8960, n, s16[i].w, P.xq, P.y, 8960);
-                bests = fmin(bests, (now() - t0) / 16);
+                for (int i = 0; i < 20; i++) qmm_q6_K(P.path, 1536, 0, 256, n, c6.w, P.xq, P.y, 256);
+                c[1] = fmin(c[1], (now() - t0) / 20);
+                t0 = now();
+                for (int i = 0; i < 16; i++) qmm_q4_K(P.path, 1536, 0, 8960, n, s4[i].w, P.xq, P.y, 8960);
+                st[0] = fmin(st[0], (now() - t0) / 16);
+                t0 = now();
+                for (int i = 0; i < 16; i++) qmm_q6_K(P.path, 1536, 0, 8960, n, s6[i].w, P.xq, P.y, 8960);
+                st[1] = fmin(st[1], (now() - t0) / 16);
             }
-            printf("micro n=%2d: cached %.2f ns/block-row (%.1f GB/s of weights), streamed %.2f ns/block-row (%.1f GB/s)\n", n,
-                   best * 1e9 / (1024 * 6 * n), 1024 * 6 * 144 / best / 1e9, bests * 1e9 / (8960 * 6 * n), 8960 * 6 * 144 / bests / 1e9);
+            printf("micro n=%2d: Q4_K cached %5.2f streamed %5.2f ns/block-row (%4.1f GB/s) | Q6_K cached %5.2f streamed %5.2f (%4.1f GB/s)\n", n,
+                   c[0] * 1e9 / (256 * 6 * n), st[0] * 1e9 / (8960 * 6 * n), 8960 * 6 * 144 / st[0] / 1e9,
+                   c[1] * 1e9 / (256 * 6 * n), st[1] * 1e9 / (8960 * 6 * n), 8960 * 6 * 210 / st[1] / 1e9);
         }
     }
     if (strstr(which, "ffn")) {
