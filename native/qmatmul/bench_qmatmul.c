@@ -2,8 +2,15 @@
  * repack buffer as llama.cpp places them, Q6_K plain), same process, same threads, n = 1..64:
  *   ffn  - the 1.5B's FFN up shape, 8960 x 1536 Q4_K, 16 copies cycled so the weights come
  *          from memory as in a decode, not from the 32 MB L3;
+ *   down - the FFN down shape, 1536 x 8960 Q4_K, 16 copies;
+ *   out  - the Q6_K output matrix, 151936 x 1536;
  *   model - every matmul of one Qwen2.5 1.5B Q4_K_M pass (28 layers: q, k, v, o, gate, up,
- *          down, Q6_K attn_v/ffn_down in half of them, Q6_K output), 980 MB of weights.
+ *          down, Q6_K attn_v/ffn_down in half of them, Q6_K output), 980 MB of weights;
+ *   micro - ours alone on one thread: ns per weight block and activation row;
+ *   check - the patched ggml's result against ours, bit for bit, n = 1..64.
+ * Ours and ggml's alternate rep by rep; each column is the fastest of the reps. The "ours"
+ * column is this file's own thread pool, not llama.cpp's: on two threads it has run up to 1.6x
+ * slower than the same kernel inside the patched ggml, so only the ggml columns measure llama.cpp.
  * Both sides quantize their activations to Q8_K inside the timing (ggml does it per mul_mat).
  * Also checks ours against ggml's results (relative error) and whether ggml's row 0 keeps its
  * bits when the batch grows.
@@ -12,7 +19,7 @@
  *   cc -O2 -ffp-contract=off -pthread -I$G/include native/qmatmul/qmatmul.c native/qmatmul/bench_qmatmul.c \
  *      -L$V -Wl,-rpath,$(realpath $V) -lggml -lggml-base -lggml-cpu -lm -o /tmp/bench_qmatmul
  *   flock /tmp/edgespec-cpu.lock /tmp/bench_qmatmul [threads=2] [path: avx2|avx512vnni|auto]
- *       [ffn,model,micro,check] [repack|norepack] [batch sizes, default 1,2,4,8,16,32,64]
+ *       [ffn,down,out,model,micro,check] [repack|norepack] [batch sizes, default 1,2,4,8,16,32,64]
  * With LD_LIBRARY_PATH pointing at a ggml built with llama_cpp_qmatmul.py's patch (and norepack),
  * the ggml columns are llama.cpp's patched matmul.
  */

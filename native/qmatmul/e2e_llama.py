@@ -1,10 +1,11 @@
 """A real model through llama.cpp: T(n) of an n-token verification batch (every row's logits,
-after 512 tokens of context, flash attention off) and whether each row's logits have the bits of
-the same token decoded alone. Run it against the stock build and against a ggml built with
-llama_cpp_qmatmul.py's patch (LD_LIBRARY_PATH wins over the wheel's RUNPATH):
+after 512 tokens of context, flash attention off), whether each row's logits have the bits of
+the same token decoded alone, and optionally a prefill's time a token. Run it against the stock
+wheel and against a ggml CPU backend built with llama_cpp_qmatmul.py's patch (LD_LIBRARY_PATH
+wins over the wheel's RUNPATH; a directory holding only the patched libggml-cpu.so.0 is enough):
 
-    flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL [--no-repack]
-    LD_LIBRARY_PATH=BUILD/src flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL --no-repack
+    flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL [--sizes 1,2,4,8,16] [--no-bits] [--prefill 512]
+    LD_LIBRARY_PATH=BUILD/src flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL ...
 """
 from __future__ import annotations
 
