@@ -46,6 +46,9 @@ class KVLayoutError(AssertionError):
     """A row attended to something other than exactly its own prefix: a KV-layout bug."""
 
 
+_BITS = [np.uint64(1 << s) for s in range(64)]  # the cell bit of each sequence id
+
+
 def _mix(x: int) -> int:
     """splitmix64's finalizer: every input bit reaches every output bit."""
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
@@ -76,12 +79,10 @@ _POWERS = _Powers()
 
 
 def prefix_hashes(tokens: np.ndarray) -> np.ndarray:
-    """[n] uint64: H[k] = sum_{i<=k} (t_i + 1) K**(k-i) mod 2**64, the hash of tokens[:k+1]."""
-    n = len(tokens)
-    fwd, inv = _POWERS.get(n)
-    with np.errstate(over="ignore"):
-        s = np.cumsum((tokens.astype(np.uint64) + np.uint64(1)) * inv, dtype=np.uint64)
-        return s * fwd
+    """[n] uint64: H[k] = sum_{i<=k} (t_i + 1) K**(k-i) mod 2**64, the hash of tokens[:k+1].
+    (numpy's integer array arithmetic wraps without a warning.)"""
+    fwd, inv = _POWERS.get(len(tokens))
+    return np.cumsum((tokens.astype(np.uint64) + np.uint64(1)) * inv, dtype=np.uint64) * fwd
 
 
 class FakeModel:
@@ -120,7 +121,7 @@ class FakeModel:
     def _logits(self, toks: np.ndarray, raw_hash: int) -> np.ndarray:
         h = _mix(raw_hash ^ self._salt ^ len(toks))
         row = self._table[h % len(self._table)].copy()
-        prev = np.flatnonzero(toks[:-1] == toks[-1])
+        prev = (toks[:-1] == toks[-1]).nonzero()[0]
         if len(prev) and (h >> 40) % 1024 < self.copy_prob * 1024:
             row[toks[prev[-1] + 1]] = row.max() + self.copy_margin
         if self._perturb is not None:
@@ -302,23 +303,29 @@ class FakeContext:
 
     def _attend(self, cell: int, pos: int, ids: list[int]) -> tuple[np.ndarray, int]:
         """The tokens row ``cell`` attends to, checked to be exactly its own prefix."""
-        seen = ((self._seqs >> np.uint64(ids[0])) & np.uint64(1)).astype(bool) & (self._pos <= pos)
-        row_mask = np.uint64(sum(1 << s for s in ids))
-        if len(ids) > 1 and not np.array_equal(seen, ((self._seqs & row_mask) != 0) & (self._pos <= pos)):
-            raise KVLayoutError(f"row at position {pos} of sequences {ids}: its sequences see "
-                                "different cells (the layout depends on which one llama.cpp reads)")
-        idx = np.flatnonzero(seen)
-        idx = idx[np.argsort(self._pos[idx], kind="stable")]
-        if not np.array_equal(self._pos[idx], np.arange(pos + 1)):
+        upto = self._pos <= pos
+        seen = ((self._seqs & _BITS[ids[0]]) != 0) & upto
+        if len(ids) > 1:
+            row_mask = np.uint64(sum(1 << s for s in ids))
+            if not np.array_equal(seen, ((self._seqs & row_mask) != 0) & upto):
+                raise KVLayoutError(f"row at position {pos} of sequences {ids}: its sequences see "
+                                    "different cells (the layout depends on which one llama.cpp reads)")
+        idx = seen.nonzero()[0]
+        # Exactly one cell per position 0..pos: pos + 1 cells whose positions fill every slot
+        # (a cheaper test than sorting and comparing; the message sorts).
+        by_pos = np.full(pos + 1, -1, np.int64)
+        by_pos[self._pos[idx]] = idx
+        if len(idx) != pos + 1 or (by_pos < 0).any():
+            idx = idx[np.argsort(self._pos[idx], kind="stable")]
             raise KVLayoutError(f"row at position {pos} of sequence {ids[0]} attends to positions "
                                 f"{self._pos[idx].tolist()}, not exactly one cell per position 0..{pos}")
-        toks = self._tok[idx]
+        toks = self._tok[by_pos]
         hashes = prefix_hashes(toks)
-        before = idx != cell
-        if not np.array_equal(self._hash[idx][before], hashes[before]):
-            bad = int(self._pos[idx][before][self._hash[idx][before] != hashes[before]][0])
+        # The cells before this row's own (at position pos, its hash not yet stored).
+        wrong = self._hash[by_pos[:-1]] != hashes[:-1]
+        if wrong.any():
             raise KVLayoutError(f"row at position {pos} of sequence {ids[0]} attends to the cell at "
-                                f"position {bad}, which was computed after other tokens")
+                                f"position {int(wrong.nonzero()[0][0])}, which was computed after other tokens")
         return toks, int(hashes[-1])
 
     def _check_batch(self, tokens, positions, seq_ids, flags) -> None:
@@ -345,6 +352,13 @@ class FakeContext:
         """llama_batch_allocr::init's refusals (llama_decode returns -1: BackendError)."""
         batch_pos: dict[int, set[int]] = {}
         last: dict[int, int] = {}
+        ranges: dict[int, tuple[int, int]] = {}  # the cache's, which the check does not change
+
+        def pos_range(s: int) -> tuple[int, int]:
+            if s not in ranges:
+                ranges[s] = self._pos_range(s)
+            return ranges[s]
+
         for p, ids in zip(positions, seq_ids):
             for s in ids:
                 batch_pos.setdefault(s, set()).add(p)
@@ -352,7 +366,7 @@ class FakeContext:
                     raise BackendError(f"llama_decode failed: sequence {s} positions are decreasing")
                 last[s] = p
             for s in ids[1:]:
-                if self._pos_range(s) != self._pos_range(ids[0]):
+                if pos_range(s) != pos_range(ids[0]):
                     raise BackendError(f"llama_decode failed: sequence {s} is coupled to {ids[0]} "
                                        "in the input batch, but they have diverged")
         for s, ps in batch_pos.items():
@@ -365,6 +379,8 @@ class FakeContext:
 
     # -- KV cache edits (llama_memory_* semantics) --------------------------------------------
     def _in(self, seq: int) -> np.ndarray:
+        if 0 <= seq < 64:
+            return (self._seqs & _BITS[seq]) != 0
         return ((self._seqs >> np.uint64(seq)) & np.uint64(1)).astype(bool)
 
     def _range(self, p0: int, p1: int) -> np.ndarray:
