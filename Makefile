@@ -71,14 +71,13 @@ demo: models
 	$(EDGESPEC) run --model qwen2.5-coder-1.5b --temperature 0 --max-tokens 128 \
 		"Write a Python function that checks whether a string is a palindrome."
 
-# The tests in three steps (docs/testing.md): those that load no model on every core; the
-# real-model tests on two workers, each llama.cpp process held to one thread (OMP_THREAD_LIMIT);
-# then alone, with llama.cpp's own thread count, the few timed against a child's progress and the
-# GPU tests. Every step runs; the target fails if any step failed.
+# The tests in two steps (docs/testing.md): all but a few on two workers, each llama.cpp process
+# held to one thread (OMP_THREAD_LIMIT), every worker running the tests that load no model before
+# the others; then alone, with llama.cpp's own thread count, the few timed against a child's
+# progress and the GPU tests. Both steps run; the target fails if either failed.
 test: test-models
 	@rc=0; \
-	$(BIN)/python -m pytest -q -m model_free -n $(NPROC) || rc=1; \
-	OMP_THREAD_LIMIT=1 $(BIN)/python -m pytest -q -m "not model_free and not serial and not gpu" -n 2 --dist loadgroup || rc=1; \
+	OMP_THREAD_LIMIT=1 $(BIN)/python -m pytest -q -m "not serial and not gpu" -n 2 --dist loadgroup || rc=1; \
 	$(BIN)/python -m pytest -q -m "serial or gpu" || rc=1; \
 	exit $$rc
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from edgespec.llama import invariant
 from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams
 from edgespec.files.store import ENV_HOME, ModelStore
 
@@ -18,10 +19,10 @@ GEMMA = "gemma3-270m"
 
 
 # Modules none of whose tests load a model into llama.cpp (pure Python and numpy, GGUF files, the
-# store's pulls): `make test` runs them first on every core (pytest-xdist, `-m model_free`), then
-# the rest on two workers with OMP_THREAD_LIMIT=1: llama.cpp's OpenMP threads wait at barriers, so
-# two processes of two threads each on a 2-core machine slow each other down by orders of
-# magnitude, while two of one thread each do not.
+# store's pulls): `make test` runs them on two workers with the rest, with OMP_THREAD_LIMIT=1:
+# llama.cpp's OpenMP threads wait at barriers, so two processes of two threads each on a 2-core
+# machine slow each other down by orders of magnitude, while two of one thread each do not.
+# Each worker runs its model-free tests first (the scheduler below).
 MODEL_FREE = {"test_acceptance", "test_plumbing", "test_policy", "test_recheck", "test_replay",
               "test_sampling", "test_suffix_index", "test_text", "test_gguf", "test_store",
               "test_cli_models", "test_tree_search", "test_llama_patches", "test_qmatmul"}
@@ -101,16 +102,25 @@ def pytest_configure(config) -> None:
                                        "`make test` runs these alone (tests/conftest.py SERIAL)")
 
 
-# Work units of the real-model step (`make test` runs it with --dist loadgroup): each module runs
-# whole on one worker, so its module fixtures are made once, and the modules of a group here
-# share one worker for their session fixtures: the F32 copy's and the Qwen pair's plain answers
-# and the exact sampling law; the session's ONNX conversion (onnx_exact, which `--draft onnx` then
-# finds in the session's store).
-XDIST_GROUPS = {"test_speculative": "speculative", "test_onnx_convert": "onnx", "test_onnx_drafter": "onnx",
-                "test_onnx_plumbing": "onnx", "test_onnx_speculative": "onnx"}
-# Units handed out first, longest first (on the 2-core VM: ~190, 95, 90, 45, 28 and 25 s), for a
-# long unit started last would leave the other worker idle; the rest follow by number of tests.
-HEAVY_UNITS = ("speculative", "onnx", "test_exact", "test_budget", "test_server", "test_server_soak")
+# Work units of `make test`'s step on two workers (--dist loadgroup): each module's model-free
+# tests, and its real-model tests, run whole on one worker, so its module fixtures are made once,
+# and the real-model tests of the modules of a group here share one worker for their session
+# fixtures: the session's ONNX conversion (onnx_exact, which `--draft onnx` then finds in the
+# session's store).
+XDIST_GROUPS = {"test_onnx_convert": "onnx", "test_onnx_drafter": "onnx", "test_onnx_plumbing": "onnx",
+                "test_onnx_speculative": "onnx"}
+# The model-free units are handed out first: a worker then runs every model-free test it gets
+# before any real-model test or fixture has loaded a model in that process, where the guard
+# below refuses a load. Then these, longest first (on the 2-core VM: ~190, 110, 90, 40, 28 and
+# 25 s), for a long unit started last would leave the other worker idle; the rest follow by
+# number of tests.
+MODEL_FREE_UNIT = "model-free:"
+HEAVY_UNITS = ("test_speculative", "onnx", "test_exact", "test_budget", "test_server", "test_server_soak")
+
+
+def is_model_free(module: str, name: str) -> bool:
+    """Whether test function ``name`` of ``module`` loads no model (MODEL_FREE, MODEL_TESTS)."""
+    return module in MODEL_FREE or (module in MODEL_TESTS and name not in MODEL_TESTS[module])
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: plain pytest runs without it
@@ -123,11 +133,15 @@ def pytest_xdist_make_scheduler(config, log):
 
     class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = Path(nodeid.split("::", 1)[0]).stem
+            path, _, name = nodeid.partition("::")
+            module = Path(path).stem
+            if is_model_free(module, name.split("[", 1)[0]):
+                return MODEL_FREE_UNIT + module
             return XDIST_GROUPS.get(module, module)
 
         def _assign_work_unit(self, node) -> None:
-            first = next((u for u in HEAVY_UNITS if u in self.workqueue), None)
+            first = next((u for u in self.workqueue if u.startswith(MODEL_FREE_UNIT)), None) or \
+                next((u for u in HEAVY_UNITS if u in self.workqueue), None)
             if first is not None:
                 self.workqueue.move_to_end(first, last=False)
             super()._assign_work_unit(node)
@@ -138,7 +152,7 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         module = item.module.__name__
-        if module in MODEL_FREE or (module in MODEL_TESTS and item.originalname not in MODEL_TESTS[module]):
+        if is_model_free(module, item.originalname):
             item.add_marker("model_free")
         if item.originalname in SERIAL.get(module, ()):
             item.add_marker("serial")
@@ -206,6 +220,19 @@ def edgespec_home(tmp_path_factory) -> Path:
         os.environ.pop(ENV_HOME, None)
     else:
         os.environ[ENV_HOME] = saved
+
+
+@pytest.fixture(autouse=True)
+def _tiled_matmul_switch():
+    """A test that resolves an exact load turns llama.cpp's tiled matmul off for the process
+    (edgespec.llama.invariant.enable: a variable its llama.cpp reads at its first matmul, and its
+    children inherit): it is put back after the test, so later tests run the default kernels."""
+    saved = os.environ.get(invariant.TILED_MM_ENV)
+    yield
+    if saved is None:
+        os.environ.pop(invariant.TILED_MM_ENV, None)
+    else:
+        os.environ[invariant.TILED_MM_ENV] = saved
 
 
 @pytest.fixture(scope="session")
