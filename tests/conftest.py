@@ -95,6 +95,10 @@ GUARD_DIR = Path(__file__).with_name("model_free_guard")
 # to cut): `make test` runs them alone after the others, which it runs on two workers.
 SERIAL = {"test_hostile_cli": {"test_ctrl_c_during_load_exits_130_promptly"},
           "test_server_hostile": {"test_signals_end_the_server_mid_stream"}}
+# The modules that hold every `serial` and `gpu` test (checked whenever they are collected with
+# the rest): the step that runs those (-m "serial or gpu") collects only these, 3 s sooner.
+SERIAL_OR_GPU = "serial or gpu"
+SERIAL_OR_GPU_MODULES = {"test_gpu", *SERIAL}
 
 
 def pytest_configure(config) -> None:
@@ -111,11 +115,13 @@ XDIST_GROUPS = {"test_onnx_convert": "onnx", "test_onnx_drafter": "onnx", "test_
                 "test_onnx_speculative": "onnx"}
 # The model-free units are handed out first: a worker then runs every model-free test it gets
 # before any real-model test or fixture has loaded a model in that process, where the guard
-# below refuses a load. Then these, longest first (on the 2-core VM: ~190, 110, 90, 40, 28 and
-# 25 s), for a long unit started last would leave the other worker idle; the rest follow by
-# number of tests.
+# below refuses a load. Then these, longest first (on the 2-core VM: ~190, 110, 90, 40, 30, 30,
+# 30, 28 s, ... 8 s), for a long unit started last would leave the other worker idle; the rest
+# (each a few seconds) follow by number of tests.
 MODEL_FREE_UNIT = "model-free:"
-HEAVY_UNITS = ("test_speculative", "onnx", "test_exact", "test_budget", "test_server", "test_server_soak")
+HEAVY_UNITS = ("test_speculative", "onnx", "test_exact", "test_budget", "test_server", "test_generate",
+               "test_planner", "test_server_soak", "test_cli", "test_bench", "test_store_faults", "test_calibrate",
+               "test_server_hostile", "test_auto_select", "test_backend_greedy")
 
 
 def is_model_free(module: str, name: str) -> bool:
@@ -149,6 +155,14 @@ def pytest_xdist_make_scheduler(config, log):
     return UnitScheduling(config, log)
 
 
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    if config.getoption("markexpr") == SERIAL_OR_GPU and collection_path.suffix == ".py" \
+            and collection_path.stem.startswith("test_") and collection_path.stem not in SERIAL_OR_GPU_MODULES:
+        return True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         module = item.module.__name__
@@ -156,6 +170,9 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker("model_free")
         if item.originalname in SERIAL.get(module, ()):
             item.add_marker("serial")
+        if module not in SERIAL_OR_GPU_MODULES and (item.get_closest_marker("gpu") or item.get_closest_marker("serial")):
+            raise pytest.UsageError(f"{item.nodeid} is a serial or gpu test outside SERIAL_OR_GPU_MODULES "
+                                    "(tests/conftest.py): the step that runs those would not collect it")
 
 
 _RUNNING_MODEL_FREE: list[str] = []  # the model_free test running now, if any
