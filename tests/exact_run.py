@@ -2,7 +2,7 @@
 as JSON on stdout. Run in a process of its own by tests/test_exact.py: llama.cpp reads the tiled
 matmul switch once per process, at its first matrix multiplication.
 
-    python tests/exact_run.py answers PROMPTS_JSON MAX_TOKENS DRAFT...
+    python tests/exact_run.py answers PROMPTS_JSON MAX_TOKENS CONFIG...   (bench configurations)
     python tests/exact_run.py late     (a default load decodes first: exact mode must refuse)
     python tests/exact_run.py placement MODE TARGET DRAFTER PROMPTS_JSON MAX_TOKENS
                                        (one engine of that placement, plain then speculative)
@@ -12,21 +12,24 @@ from __future__ import annotations
 import json
 import sys
 
+from edgespec.bench.prompts import BenchPrompt
+from edgespec.bench.runner import BenchSettings, run_bench
 from edgespec.engine import Engine, EngineConfig
 from edgespec.llama.invariant import NotBatchInvariant
 
 TARGET = "qwen2.5-coder-1.5b"
 
 
-def answers(draft: str, prompts: list[str], max_tokens: int) -> list[dict]:
-    out = []
-    with Engine(EngineConfig(model=TARGET, n_ctx=2048, draft=None if draft == "none" else draft,
-                             exact=True)) as engine:
-        for p in prompts:
-            done = engine.chat([{"role": "user", "content": p}], max_tokens=max_tokens, temperature=0.0)
-            spec = done.stats.spec
-            out.append({"tokens": list(done.token_ids), "steps": spec.steps if spec else 0,
-                        "drafted": spec.drafted if spec else 0, "accepted": spec.accepted if spec else 0})
+def answers(configs: list[str], prompts: list[str], max_tokens: int) -> dict:
+    """Each configuration's greedy answers on one exact engine, as `edgespec bench --exact
+    --share-prefill` runs them: every prompt evaluated once, plain first."""
+    settings = BenchSettings(EngineConfig(model=TARGET, n_ctx=2048, exact=True), max_tokens=max_tokens,
+                             share_prefill=True)
+    bench = [BenchPrompt(str(i), "exact", p, True) for i, p in enumerate(prompts)]
+    out: dict[str, list[dict]] = {}
+    for r in run_bench(bench, configs, settings).records:
+        out.setdefault(r.config, []).append({"text": r.text, "tokens": r.new_tokens, "steps": r.steps,
+                                             "drafted": r.drafted, "accepted": r.accepted})
     return out
 
 
@@ -70,7 +73,7 @@ def main() -> None:
         result = placement(*sys.argv[2:5], json.loads(sys.argv[5]), int(sys.argv[6]))
     else:
         prompts, max_tokens = json.loads(sys.argv[2]), int(sys.argv[3])
-        result = {d: answers(d, prompts, max_tokens) for d in sys.argv[4:]}
+        result = answers(sys.argv[4:], prompts, max_tokens)
     json.dump(result, sys.stdout)
 
 

@@ -106,12 +106,13 @@ def test_probe_sees_default_kernels_depend_on_the_batch(store):
 
 
 def test_exact_speculation_equals_plain_bit_for_bit(store):
-    """Every answer of every drafter is plain greedy's, token for token, with no tolerance."""
-    result = _child("answers", json.dumps(PROMPTS), "48", "none", "suffix", "model")
-    plain = result["none"]
+    """Every answer of every drafter is plain greedy's, character for character, with no tolerance
+    (`bench --exact --share-prefill`: one load, each prompt evaluated once)."""
+    result = _child("answers", json.dumps(PROMPTS), "48", "suffix", "model")
+    plain = result["plain"]
     for draft in ("suffix", "model"):
-        for i, (p, s) in enumerate(zip(plain, result[draft])):
-            assert s["tokens"] == p["tokens"], f"{draft}, prompt {i}"
+        for i, (p, s) in enumerate(zip(plain, result[draft], strict=True)):
+            assert (s["text"], s["tokens"]) == (p["text"], p["tokens"]), f"{draft}, prompt {i}"
         assert sum(s["accepted"] for s in result[draft]) > 0, f"{draft} never had a draft accepted"
     # The copy's verifications cross the kernels' batch thresholds (4 and 8 rows): the largest
     # draft holds at least the mean, rounded up, and is verified with the pending token.
