@@ -28,13 +28,15 @@ NEAR_TIE = 0.25  # logits; measured batch-vs-batch movements of the target are <
 
 
 def _generate():
-    """Plain greedy's answer, then the ONNX drafter's, to each prompt on one engine: the second
-    reuses the prompt's cache but for its last token, which plain evaluated alone too."""
+    """Plain greedy's answer, then the ONNX drafter's, to each prompt on one engine. The prompt
+    but its last token is cached once; each answer evaluates that token alone (a last token
+    computed in the prompt's batch for one and alone for the other could part them at once)."""
     plain, spec = [], []
     with Engine(EngineConfig(model=TARGET, n_ctx=1024, n_threads=2, draft="onnx", draft_max=8)) as engine:
         prompts = [engine.text_tokens(p) for p in PROMPTS]
         request = GenerationRequest(max_tokens=N_TOKENS, sampling=SamplingParams(temperature=0.0))
         for p in prompts:
+            engine.seq.sync(p[:-1])
             plain.append(list(Decoder(engine.model, engine.seq).stream(p, request))[-1])
             spec.append(list(engine.decoder.stream(p, request))[-1])
     return prompts, plain, spec
