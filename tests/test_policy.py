@@ -490,13 +490,15 @@ class _DecodeLog:
         pass
 
 
-def test_a_gpu_calibration_warms_each_size_up_and_times_it_after_a_one_token_decode(monkeypatch):
+def test_a_gpu_calibration_warms_each_size_up_and_times_the_round_trip_from_a_one_token_decode(monkeypatch):
     from edgespec.drafters.auto import calibrate
     ctx = _DecodeLog()
     monkeypatch.setattr(calibrate, "graphs_warm_up", lambda c: True)
     calibrate.measure_verify(ctx, sizes=(1, 3))
     warm, timed = [1] * calibrate.WARMUPS, [1] * calibrate.REPEATS
-    assert ctx.sizes == [512] + timed + warm + timed + [3] * calibrate.WARMUPS + [1, 3] * calibrate.REPEATS
+    # the first decode, the one-token decode subtracted, then each size: warmed up, then timed
+    # (3 tokens: after a one-token decode, with the one-token decode after it)
+    assert ctx.sizes == [512] + timed + timed + warm + timed + [3] * calibrate.WARMUPS + [1, 3, 1] * calibrate.REPEATS
     assert ctx.picks == [(True, True), (False, False)]  # rows read as greedy verification reads them
     ctx = _DecodeLog()
     monkeypatch.setattr(calibrate, "graphs_warm_up", lambda c: False)  # a CPU: as before

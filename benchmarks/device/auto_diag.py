@@ -30,8 +30,9 @@ SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def decode_times(ctx, repeats: int = 6) -> dict:
-    """Per size: every one of ``repeats`` consecutive decodes (ms), and the same size decoded
-    right after a one-token decode (the shape changes every time), at 512 tokens of context."""
+    """Per size: every one of ``repeats`` consecutive decodes (ms), the same size decoded right
+    after a one-token decode (the shape changes every time), and the one-token decode right
+    after it, at 512 tokens of context."""
     seq = ctx.n_seq_max - 1
     token = ctx.model.tokenize(" the", add_special=False)[0]
     start = calibrate.CONTEXT_TOKENS
@@ -40,11 +41,12 @@ def decode_times(ctx, repeats: int = 6) -> dict:
     try:
         for n in SIZES:
             steady = [1e3 * calibrate.time_batch(ctx, n, seq, token, start, repeats=1) for _ in range(repeats)]
-            mixed = []
+            mixed, back = [], []
             for _ in range(repeats):
                 calibrate.time_batch(ctx, 1, seq, token, start, repeats=1)
                 mixed.append(1e3 * calibrate.time_batch(ctx, n, seq, token, start, repeats=1))
-            out[n] = {"steady_ms": steady, "after_one_token_ms": mixed}
+                back.append(1e3 * calibrate.time_batch(ctx, 1, seq, token, start, repeats=1))
+            out[n] = {"steady_ms": steady, "after_one_token_ms": mixed, "one_token_after_ms": back}
     finally:
         ctx.seq_rm(seq, -1, -1)
     return out

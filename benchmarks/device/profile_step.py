@@ -1,18 +1,19 @@
-"""Where one GPU step's time goes: inside llama_decode (kernels, synchronised) vs. everything else.
+"""Where one step's time goes: inside llama_decode (kernels, synchronised) vs. everything else.
 
     profile_step.py TARGET.gguf OUT.json [PLACEMENT [THREADS [TOKENS]]]
+        [--draft suffix|auto] [--suite code-edit-test|specbench] [--categories A,B] [--limit N]
 
-For plain decoding and for suffix speculation on held-out code edits (the suite
-`code-edit-test`), with greedy picks on the GPU and without, the time per step split into:
+For plain decoding and for speculation (suffix by default) on held-out prompts (code edits by
+default), with greedy picks on the GPU and without, the time per step split into:
 llama_decode plus the wait for its kernels (``decode``), reading rows (``rows``: logits copies and
-argmax, or the sampled token ids), the drafter's ``propose``, and the rest (Python of the step,
-acceptance, output). The profile synchronises after each decode so that kernel time lands in
+argmax, or the sampled token ids), the drafter's ``propose`` (auto's whole choice), its
+``observe`` (what a step teaches it), and the rest (Python of the step, acceptance, output). The profile synchronises after each decode so that kernel time lands in
 ``decode``; without it the wait would hide in the first row read.
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from collections import defaultdict
 
@@ -63,39 +64,54 @@ def profile(engine: Engine, prompts, draft: bool) -> dict:
     out = {"draft": draft, "greedy_on_backend": engine.ctx.params.greedy_on_backend, "steps": steps, "tokens": tokens,
            "tok_per_s": tokens / total, "ms_per_step": 1e3 * total / steps,
            "decode_ms_per_step": 1e3 * decode / steps, "rows_ms_per_step": 1e3 * clock["rows"] / steps,
-           "propose_ms_per_step": 1e3 * clock["propose"] / steps}
+           "propose_ms_per_step": 1e3 * clock["propose"] / steps,
+           "observe_ms_per_step": 1e3 * clock["observe"] / steps}
     out["other_ms_per_step"] = out["ms_per_step"] - out["decode_ms_per_step"] - out["rows_ms_per_step"] \
-        - out["propose_ms_per_step"]
+        - out["propose_ms_per_step"] - out["observe_ms_per_step"]
     return out
 
 
 def main() -> None:
-    target, out_path = sys.argv[1], sys.argv[2]
-    placement = sys.argv[3] if len(sys.argv) > 3 else "gpu"
-    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 8
     global TOKENS
-    TOKENS = int(sys.argv[5]) if len(sys.argv) > 5 else TOKENS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("target")
+    ap.add_argument("out")
+    ap.add_argument("placement", nargs="?", default="gpu")
+    ap.add_argument("threads", nargs="?", type=int, default=8)
+    ap.add_argument("tokens", nargs="?", type=int, default=TOKENS)
+    ap.add_argument("--draft", default="suffix")
+    ap.add_argument("--suite", default="code-edit-test")
+    ap.add_argument("--categories", default="", help="comma-separated; default every one")
+    ap.add_argument("--limit", type=int, default=1, help="prompts per category")
+    ap.add_argument("--no-warm", action="store_true", help="only GPU picks on, no warm-up answer")
+    a = ap.parse_args()
+    TOKENS = a.tokens
     lc = backend.lc
     timed(backend.lc, "llama_decode", "decode", sync=lc.llama_synchronize)
     for name in ("__call__", "greedy"):
         timed(rows.Rows, name, "rows")
-    prompts = select(load_suite("code-edit-test"), 1, "test")
-    warm = select(load_suite("code-edit-test"), 1, "validate")[:1]
+    wanted = set(filter(None, a.categories.split(",")))
+    suite = [p for p in load_suite(a.suite) if not wanted or p.category in wanted]
+    prompts = select(suite, a.limit, "test")
+    warm = select(suite, 1, "validate")[:1]
     results = []
-    for on in (True, False):  # a fresh engine each: the suffix index learns from every answer
-        config = EngineConfig(model=target, draft="suffix", placement=placement, n_threads=threads,
+    for on in (True,) if a.no_warm else (True, False):  # a fresh engine each: the suffix index learns
+        config = EngineConfig(model=a.target, draft=a.draft, placement=a.placement, n_threads=a.threads,
                               greedy_on_backend=on)
         with Engine(config) as engine:
             timed(engine.drafter, "propose", "propose")
-            profile(engine, warm, True)  # warm-up: graphs, caches
+            timed(engine.drafter, "observe", "observe")
+            if not a.no_warm:
+                profile(engine, warm, True)  # warm-up: graphs, caches
             for draft in (False, True):
                 results.append(profile(engine, prompts, draft))
                 print(json.dumps(results[-1]), flush=True)
     one = {r["greedy_on_backend"]: r["decode_ms_per_step"] for r in results if not r["draft"]}
     for r in results:  # host time per step over the target's one-token decode
         r["host_share_of_one_token"] = (r["ms_per_step"] - r["decode_ms_per_step"]) / one[r["greedy_on_backend"]]
-    with open(out_path, "w") as f:
-        json.dump({"target": target, "placement": placement, "tokens": TOKENS, "runs": results}, f, indent=1)
+    with open(a.out, "w") as f:
+        json.dump({"target": a.target, "placement": a.placement, "tokens": TOKENS, "draft": a.draft,
+                   "suite": a.suite, "categories": sorted(wanted), "runs": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -463,6 +463,26 @@ stage_real() {
         gpu 8 1 256 > "$W/results/real-auto-diag.log" 2>&1 || tail -20 "$W/results/real-auto-diag.log"
 }
 
+# `auto` priced with the plain step that follows each verification (calibrate.py): host time per
+# step where it drafts little, Spec-Bench on two held-out splits and code edits, and its choices
+stage_trip() {
+    wait_for "$W/venv/.installed-cuda" 420 || return 1
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m py=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/python")
+    for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    [[ -s "$W/results/real-trip-profile.json" ]] || run 90 "${py[@]}" benchmarks/device/profile_step.py qwen2.5-coder-1.5b \
+        "$W/results/real-trip-profile.json" gpu 8 256 --draft auto --suite specbench \
+        --categories translation,qa,math_reasoning,multi_turn --limit 1 --no-warm > "$W/results/real-trip-profile.log" 2>&1
+    local sb=(--suite specbench --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto)
+    real trip-gpu-specbench 90 "${sb[@]}" --split test
+    real trip-gpu-codeedit 90 --suite code-edit-test --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto
+    real trip-gpu-specbench-test2 90 "${sb[@]}" --split test2
+    [[ -s "$W/results/real-trip-auto-diag.json" ]] || run 150 "${py[@]}" benchmarks/device/auto_diag.py qwen2.5-coder-1.5b \
+        "$W/results/real-trip-auto-diag.json" gpu 8 1 256 > "$W/results/real-trip-auto-diag.log" 2>&1 \
+        || tail -20 "$W/results/real-trip-auto-diag.log"
+    real trip-budget-900-specbench 90 --suite specbench --split test --limit 1 --max-tokens 128 --vram-budget 900MiB \
+        --configs plain,auto
+}
+
 collect() {
     set +x
     python3 - "$W/results" "$OUT" <<'PY'
@@ -499,7 +519,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done

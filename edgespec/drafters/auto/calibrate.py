@@ -33,17 +33,16 @@ BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64)
 
 REPEATS = 2
 # On a GPU the first two decodes of a batch size each cost ~10 ms on an H200 with the 1.5B (its
-# graph built and captured; the third 2.35 ms for 2 tokens), so there each size is first decoded
-# WARMUPS times untimed; and a verification follows a decode of another size, which the graph of
-# the last shape does not replay (2 tokens: 3.1 ms after a one-token decode against 2.35 ms
-# after another 2-token one), so each timed batch there follows a one-token decode. Without the
-# warm-up the 1.5B's curve read 7.2 ms for 2 tokens against 1.9 ms for one, and `auto` verified
-# no draft at 49 of 93 steps of four code edits where the suffix index offered one.
+# graph built and captured), so there each size is first decoded WARMUPS times untimed. There a
+# decode of another shape than the last one rebuilds llama.cpp's graph (2 tokens: 3.1 ms after a
+# one-token decode against 2.15 ms after another 2-token one), and so does the plain step after a
+# verification: a verification of n > 1 tokens is priced as the round trip, timed after a
+# one-token decode with the one-token decode that follows it, less one one-token decode.
 WARMUPS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
 CONTEXT_TOKENS = 512
-VERSION = "v3"  # bump when what is measured changes: older cached calibrations are ignored
+VERSION = "v4"  # bump when what is measured changes: older cached calibrations are ignored
 # ... and this when only the drafted token's measure changes (since "pick": its greedy pick counted)
 DRAFT_VERSION = "pick"
 
@@ -77,11 +76,12 @@ def context_key(ctx: LlamaContext, tag: str = "") -> str:
 
 
 def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, repeats: int = REPEATS,
-               reduce=min, after_one: bool = False) -> float:
+               reduce=min, after_one: bool = False, and_back: bool = False) -> float:
     """Seconds of an n-token batch at positions start..start+n-1 of a scratch sequence, every
     row read as verification reads it (its logits, or its pick where ``ctx`` picks on the
     backend), rolled back after each run; ``after_one``: each run right after an (untimed)
-    one-token decode, as a verification follows a plain step.
+    one-token decode, as a verification follows a plain step; ``and_back``: the one-token decode
+    that follows the batch timed with it, as a plain step follows a verification.
 
     By default the minimum of a few runs: other load on a shared machine only ever adds time,
     and the policy needs the cost of the work itself.
@@ -93,11 +93,18 @@ def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, 
             ctx.seq_rm(seq, start, -1)
         t0 = time.perf_counter()
         rows = ctx.decode_rows([token] * n, range(start, start + n), [[seq]] * n, [True] * n)
-        for i in range(n):
-            rows.greedy(i) if ctx.picking else rows(i)
+        _read_rows(ctx, rows, n)
+        if and_back:
+            ctx.seq_rm(seq, start, -1)
+            _read_rows(ctx, ctx.decode_rows([token], [start], [[seq]], [True]), 1)
         times.append(time.perf_counter() - t0)
         ctx.seq_rm(seq, start, -1)
     return reduce(times)
+
+
+def _read_rows(ctx: LlamaContext, rows, n: int) -> None:
+    for i in range(n):
+        rows.greedy(i) if ctx.picking else rows(i)
 
 
 def graphs_warm_up(ctx: LlamaContext) -> bool:
@@ -130,11 +137,16 @@ def measure_verify(ctx: LlamaContext, sizes=BATCH_SIZES) -> tuple[tuple[int, ...
     try:
         fill_context(ctx, seq, token, 0, start)
         time_batch(ctx, 1, seq, token, start)  # warm-up: the first decode faults pages in
+        one = time_batch(ctx, 1, seq, token, start) if warm else 0.0
         times = []
         for n in sizes:
             if warm:
                 time_batch(ctx, n, seq, token, start, repeats=WARMUPS)
-            times.append(time_batch(ctx, n, seq, token, start, after_one=warm and n > 1))
+            if warm and n > 1:  # the round trip from a plain step and back, less a plain step
+                trip = time_batch(ctx, n, seq, token, start, after_one=True, and_back=True)
+                times.append(max(trip - one, one))  # never below a plain step, whatever the noise
+            else:
+                times.append(time_batch(ctx, n, seq, token, start))
         return sizes, tuple(times)
     finally:
         ctx.pick_on_backend(False)
