@@ -32,14 +32,19 @@ TEST_MODELS := $(DEMO_MODELS) smollm2-135m gemma3-270m
 
 .PHONY: demo test install models test-models clean
 
+# pip and the build backend go in with the interpreter's own pip where it has `--python` (pip
+# 22.3+): 3 s, against 6.5 for the venv's bundled pip and its upgrade; else that way.
+BUILD_TOOLS := pip "setuptools>=70.1" wheel
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile --upgrade pip
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -m pip --python $(BIN)/python install --quiet --no-compile --upgrade $(BUILD_TOOLS) 2>/dev/null \
+		|| ($(BIN)/python -m ensurepip && $(BIN)/python -m pip install --quiet --no-compile --upgrade $(BUILD_TOOLS))
 
 # --no-compile: pip would compile every file of every dependency (20 of its 42 s here); a module
 # is compiled when first imported instead, and its bytecode kept (PYTHONDONTWRITEBYTECODE below).
+# --no-build-isolation: the venv has the build backend already (4 s less).
 $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard native/*.c)
-	$(BIN)/python -m pip install --no-compile -e '.[test]'
+	$(BIN)/python -m pip install --no-compile --no-build-isolation -e '.[test]'
 	touch $@
 
 # A CUDA build of the pinned llama-cpp-python from its source archive, never pip's cached CPU
