@@ -382,11 +382,15 @@ HOME_ES="$W/home"
 
 stage_start() {
     mkdir -p "$W/bg"
+    # The builds run from a copy of this tree: the next call's tree no longer has .device (its
+    # wheels are gone by the time the make build's pip runs).
+    [[ -d "$W/repo/.device" ]] || { rm -rf "$W/repo" && cp -a "$ROOT" "$W/repo"; }
+    cd "$W/repo" || return 1
     [[ -f "$W/venv/.installed-cuda" ]] || BUDGET_S=1500 OUT="$W/bg/make" setsid nohup bash benchmarks/device/run.sh makebuild \
         > "$W/bg/make.log" 2>&1 < /dev/null &
     [[ -x "$W/build/bin/llama-speculative-simple" ]] || BUDGET_S=1500 OUT="$W/bg/out" setsid nohup \
         bash benchmarks/device/run.sh build > "$W/bg/build.log" 2>&1 < /dev/null &
-    echo started
+    cd "$ROOT" && echo started
 }
 stage_makebuild() { make_venv; }
 
