@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real trip (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip graphtiming (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -487,6 +487,17 @@ stage_trip() {
         --configs plain,auto
 }
 
+stage_graphtiming() {  # where a change of batch shape spends its host time (graph_timing.py),
+    # on run.sh build's llama.cpp, its llama-context.cpp timed and rebuilt
+    [[ -s "$W/results/real-graph-timing.json" ]] && return
+    wait_for "$W/build/bin/llama-speculative-simple" 300 && stage_install || return 1
+    python3 benchmarks/device/graph_timing.py patch "$SRC" || { fail "graph timing patch"; return 1; }
+    run 120 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 || { tail -20 "$W/rebuild.log"; return 1; }
+    run 120 python3 benchmarks/device/graph_timing.py run "$HOME_ES/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" \
+        "$W/results/real-graph-timing.json" > "$W/results/real-graph-timing.log" 2>&1
+    tail -20 "$W/results/real-graph-timing.log"
+}
+
 collect() {
     set +x
     python3 - "$W/results" "$OUT" <<'PY'
@@ -523,7 +534,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real|trip) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done
