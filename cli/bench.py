@@ -91,10 +91,9 @@ def bench(
     exact: bool = c.EXACT,
     greedy_on_backend: bool = c.GREEDY_ON_BACKEND,
     flash_attn: Optional[bool] = typer.Option(None, "--flash-attn/--no-flash-attn",
-                                              help="The target's attention kernel in every configuration and "
-                                                   "in the peers (default: the engine's choice, off on the CPU; "
-                                                   "the peers llama.cpp's, on). llama.cpp's draft peer gives "
-                                                   "its drafter the same kernel; edgespec's drafter keeps its own."),
+                                              help="The target's attention kernel in every configuration and the "
+                                                   "peers (default: the engine's, off on the CPU; the peers', on); "
+                                                   "the draft peer's drafter gets it too, edgespec's keeps its own."),
     ctx: int = c.CTX,
     threads: Optional[int] = c.THREADS,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record and the summary here."),

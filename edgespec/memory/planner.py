@@ -34,6 +34,17 @@ __all__ = ["RANKING", "ContextFootprint", "Decision", "GPUDevice", "KV_CACHE_TYP
            "ModelFootprint", "Part", "Plan", "default_ram_budget", "default_threads", "default_vram_budget",
            "estimate_context", "estimate_model", "fmt_bytes", "machine", "make_plan"]
 
+def _checked(machine_info: MachineInfo | None, placement: str | None, target: ModelFootprint, n_ctx: int | None,
+             kv_type: str | None, flash_attn: bool | None, n_ubatch: int | None,
+             draft_max: int | None) -> tuple[MachineInfo, str | None]:
+    """make_plan's machine and cache type, once its arguments are checked."""
+    m = machine_info or machine()
+    if placement is not None:
+        placements.check_available(placement, m)
+    _check_arguments(target, n_ctx, kv_type, flash_attn, n_ubatch, draft_max)
+    return m, "f16" if flash_attn is False else kv_type  # the only cache llama.cpp runs without flash attention
+
+
 def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram_budget: int | None = None,
               vram_budget: int | None = None, n_ctx: int | None = None, *, machine_info: MachineInfo | None = None,
               suffix: bool = True, draft_max: int | None = None, draft_tree: bool | None = None, mlock: bool = False,
@@ -45,52 +56,30 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
               compare_plain: bool = True) -> Plan:
     """Chooses a placement for ``target`` (+ ``drafter`` and the suffix drafter) within the budgets.
 
-    Args:
-        target, drafter: footprints from :func:`estimate_model`; ``drafter=None``: no model drafter.
-        ram_budget, vram_budget: bytes; None: what is available minus a margin.
-        n_ctx: context tokens; None: the engine default (4096, at most the trained context),
-            halved while it does not fit (down to 512).
-        suffix: whether the suffix drafter runs (budgets its index).
-        draft_max, draft_tree: the draft shape; None: 32-token chains, or with ``long_drafts``
-            (`auto`, which prices every prefix and trees against chains) the chosen placement's
-            default (edgespec.memory.placements.draft_shape, _longer_shape).
-        external_drafter: a drafter outside llama.cpp, with ``where`` and ``parts(n_ctx)``
-            (edgespec.memory.footprint.OnnxDrafterFootprint), counted in every candidate.
-        kv_type, n_ubatch, mmap, repack, placement: force a choice (placement: a placements.MODES name).
-        mlock: lock the weights in RAM (only when possible; otherwise stated and off).
-        drafter_required: the drafter model was asked for by name (``--draft model``): plans
-            without it rank last instead of being weighed against target layers and cache.
-        cpu_target: only placements that keep the target on the CPU (exact mode).
-        target_repack: force the target's repacking alone (exact mode: off), the drafter's
-            following ``repack``.
-        flash_attn: force the target's attention kernel (None: default_flash_attn's choice per
-            candidate); off plans only f16 caches, which are the only ones llama.cpp runs without it.
-        pass_costs: what a decode pass costs here (edgespec.memory.speed; None: the measured curves).
-        compare_plain: with a GPU, plan plain decoding at the same budgets (the target alone,
-            as many layers on the GPU as they hold) and choose no layout expected slower than it;
-            a forced placement that is, or a split one where the budget holds the whole target,
-            gets ``Plan.plain_note``.
-    Raises:
-        InvalidRequest: a context above the trained context, or out-of-range arguments.
-        PlacementUnavailable: a forced placement needs a GPU this machine or build lacks.
-        BudgetExceeded: no placement fits; the message names the smallest budget that would.
+    Budgets in bytes (None: what is available minus a margin); ``n_ctx`` None: the engine default
+    (4096, at most the trained context), halved while it does not fit (down to 512). The draft
+    shape None: 32-token chains, or with ``long_drafts`` (`auto`) the chosen placement's default.
+    ``kv_type``, ``n_ubatch``, ``mmap``, ``repack``, ``placement`` (a placements.MODES name),
+    ``flash_attn`` (off: f16 caches only) and ``target_repack`` force a choice; ``mlock`` locks
+    the weights where possible. ``external_drafter``: a drafter outside llama.cpp, counted in
+    every candidate. ``drafter_required``: plans without the drafter model rank last.
+    ``cpu_target``: the target stays on the CPU (exact mode). ``pass_costs``: a decode pass's
+    costs (None: the measured curves). ``compare_plain``: with a GPU, no layout expected slower
+    than plain decoding at the same budgets; a forced one that is gets ``Plan.plain_note``.
+
+    Raises InvalidRequest (a context above the trained one, out-of-range arguments),
+    PlacementUnavailable (a forced placement needs a GPU this machine or build lacks) or
+    BudgetExceeded (no placement fits; the message names the smallest budget that would).
     """
-    m = machine_info or machine()
-    if placement is not None:
-        placements.check_available(placement, m)
-    _check_arguments(target, n_ctx, kv_type, flash_attn, n_ubatch, draft_max)
-    if flash_attn is False:
-        kv_type = "f16"  # the only cache llama.cpp runs without flash attention
+    m, kv_type = _checked(machine_info, placement, target, n_ctx, kv_type, flash_attn, n_ubatch, draft_max)
     ram_given, vram_given = ram_budget is not None, vram_budget is not None
     ram_budget, vram_budget = _budgets(m, ram_budget, vram_budget)
 
     speed = SpeedModel(target, drafter, threads or default_threads(m), op_offload_min_batch(),
                        pass_costs or MEASURED)
-    plain = None
-    gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0
-    if compare_plain and gpu and not cpu_target:  # exact mode keeps the target on the CPU regardless
-        plain = _plain_at_budget(target, m, ram_budget, vram_budget, n_ctx, mmap, repack, threads, target_repack,
-                                 flash_attn, kv_type)
+    gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0  # exact mode keeps the target on the CPU
+    plain = _plain_at_budget(target, m, ram_budget, vram_budget, n_ctx, mmap, repack, threads, target_repack,
+                             flash_attn, kv_type) if compare_plain and gpu and not cpu_target else None
 
     def search(shape: placements.DraftShape, where: str | None,
                floor: float | None = None) -> tuple[Evaluator, Evaluation, list[Evaluation]]:
@@ -100,8 +89,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
         rate = None if floor is None else (lambda e: speed.speculative(e.ngl, e.cfg.drafter, shape.draft_max))
         return pl, _best(pl, evals, target, drafter, where, n_ctx, ram_given, rate, floor), evals
 
-    # The placement is chosen with chains (what was asked stays asked); where `auto` drafts
-    # longer by default, it is planned again with that shape (_longer_shape).
+    # Chosen with chains (what was asked stays asked), then again with `auto`'s longer default.
     chains = placements.CHAINS.given(draft_max, draft_tree)
     floor = None if plain is None or placement is not None else speed.plain(plain.n_gpu_layers)
     pl, best, evals = search(chains, placement, floor)
