@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real trip graphtiming (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip graphtiming shapes (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -498,6 +498,26 @@ stage_graphtiming() {  # where a change of batch shape spends its host time (gra
     tail -20 "$W/results/real-graph-timing.log"
 }
 
+# The graphs-by-shape patch (native/llama_cpp_patches.py, on with LLAMA_GRAPH_SHAPES=N): the switch
+# timings with it (after graphtiming), then `auto` without and with it, alternating, on the real pair
+stage_shapes() {
+    wait_for "$W/venv/.installed-cuda" 420 || return 1
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m k i
+    for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    [[ -s "$W/results/real-graph-timing.json" && ! -s "$W/results/real-graph-timing-shapes8.json" ]] \
+        && LLAMA_GRAPH_SHAPES=8 run 120 python3 benchmarks/device/graph_timing.py run \
+            "$HOME_ES/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" "$W/results/real-graph-timing-shapes8.json" \
+            > "$W/results/real-graph-timing-shapes8.log" 2>&1
+    local sb=(--suite specbench --split test --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto)
+    local ce=(--suite code-edit-test --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto)
+    for i in 1 2; do
+        for k in 0 8; do
+            LLAMA_GRAPH_SHAPES=$k real "shapes$k-$i-gpu-specbench" 90 "${sb[@]}"
+            LLAMA_GRAPH_SHAPES=$k real "shapes$k-$i-gpu-codeedit" 90 "${ce[@]}"
+        done
+    done
+}
+
 collect() {
     set +x
     python3 - "$W/results" "$OUT" <<'PY'
@@ -534,7 +554,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|shapes) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done
