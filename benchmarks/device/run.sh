@@ -386,10 +386,13 @@ stage_start() {
     # wheels are gone by the time the make build's pip runs).
     [[ -d "$W/repo/.device" ]] || { rm -rf "$W/repo" && cp -a "$ROOT" "$W/repo"; }
     cd "$W/repo" || return 1
-    [[ -f "$W/venv/.installed-cuda" ]] || BUDGET_S=1500 OUT="$W/bg/make" setsid nohup bash benchmarks/device/run.sh makebuild \
-        > "$W/bg/make.log" 2>&1 < /dev/null &
-    [[ -x "$W/build/bin/llama-speculative-simple" ]] || BUDGET_S=1500 OUT="$W/bg/out" setsid nohup \
-        bash benchmarks/device/run.sh build > "$W/bg/build.log" 2>&1 < /dev/null &
+    # (if, not ||: a backgrounded list would keep this call's output open until the build ends)
+    if [[ ! -f "$W/venv/.installed-cuda" ]]; then
+        BUDGET_S=1500 OUT="$W/bg/make" setsid nohup bash benchmarks/device/run.sh makebuild > "$W/bg/make.log" 2>&1 < /dev/null &
+    fi
+    if [[ ! -x "$W/build/bin/llama-speculative-simple" ]]; then
+        BUDGET_S=1500 OUT="$W/bg/out" setsid nohup bash benchmarks/device/run.sh build > "$W/bg/build.log" 2>&1 < /dev/null &
+    fi
     cd "$ROOT" && echo started
 }
 stage_makebuild() { make_venv; }
