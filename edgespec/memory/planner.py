@@ -34,16 +34,6 @@ __all__ = ["RANKING", "ContextFootprint", "Decision", "GPUDevice", "KV_CACHE_TYP
            "ModelFootprint", "Part", "Plan", "default_ram_budget", "default_threads", "default_vram_budget",
            "estimate_context", "estimate_model", "fmt_bytes", "machine", "make_plan"]
 
-def _checked(machine_info: MachineInfo | None, placement: str | None, target: ModelFootprint, n_ctx: int | None,
-             kv_type: str | None, flash_attn: bool | None, n_ubatch: int | None,
-             draft_max: int | None) -> tuple[MachineInfo, str | None]:
-    """make_plan's machine and cache type, once its arguments are checked."""
-    m = machine_info or machine()
-    if placement is not None:
-        placements.check_available(placement, m)
-    _check_arguments(target, n_ctx, kv_type, flash_attn, n_ubatch, draft_max)
-    return m, "f16" if flash_attn is False else kv_type  # the only cache llama.cpp runs without flash attention
-
 
 def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram_budget: int | None = None,
               vram_budget: int | None = None, n_ctx: int | None = None, *, machine_info: MachineInfo | None = None,
@@ -77,7 +67,7 @@ def make_plan(target: ModelFootprint, drafter: ModelFootprint | None = None, ram
 
     speed = SpeedModel(target, drafter, threads or default_threads(m), op_offload_min_batch(),
                        pass_costs or MEASURED)
-    gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0  # exact mode keeps the target on the CPU
+    gpu = bool(m.gpus) and m.gpu_offload and vram_budget > 0
     plain = _plain_at_budget(target, m, ram_budget, vram_budget, n_ctx, mmap, repack, threads, target_repack,
                              flash_attn, kv_type) if compare_plain and gpu and not cpu_target else None
 
@@ -154,6 +144,17 @@ def _best(pl: Evaluator, evals: list[Evaluation], target: ModelFootprint, drafte
         err.smallest_budget = smallest  # bytes
         raise err
     return min(fitting, key=lambda e: (e.penalty, e.ram))
+
+
+def _checked(machine_info: MachineInfo | None, placement: str | None, target: ModelFootprint, n_ctx: int | None,
+             kv_type: str | None, flash_attn: bool | None, n_ubatch: int | None,
+             draft_max: int | None) -> tuple[MachineInfo, str | None]:
+    """make_plan's machine and cache type, once its arguments are checked."""
+    m = machine_info or machine()
+    if placement is not None:
+        placements.check_available(placement, m)
+    _check_arguments(target, n_ctx, kv_type, flash_attn, n_ubatch, draft_max)
+    return m, "f16" if flash_attn is False else kv_type  # the only cache llama.cpp runs without flash attention
 
 
 def _check_arguments(target: ModelFootprint, n_ctx: int | None, kv_type: str | None, flash_attn: bool | None,
