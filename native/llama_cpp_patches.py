@@ -207,40 +207,56 @@ llama_token llama_get_argmax_ith(llama_context * ctx, int32_t i) {
 """),
 )
 
-# Graphs by shape: a verifier alternates batch shapes (one token, then a draft), and each change
+# Graphs by size: a verifier alternates batch sizes (one token, then a draft), and each change
 # rebuilt llama.cpp's graph and its scheduler's allocation: 0.65-0.74 ms of host time a decode
-# on an H200 with the 1.5B, against 0.09-0.18 ms reusing it (benchmarks/device/graph_timing.py).
-# With LLAMA_GRAPH_SHAPES=N, up to N more built graphs with outputs are kept, each with its own
-# scheduler (a scheduler rewrites a graph's inputs to its own copies, so one graph cannot be
-# allocated by another scheduler), and one that fits the batch is swapped in instead of a
-# rebuild. Off by default until measured on a GPU; any event that resets the graphs drops them.
-GRAPHS_BY_SHAPE = (
-    _after("shapes-members", CONTEXT_H, "    llm_graph_result * gf_res_prev_active = nullptr;\n", """    // @MARK: up to graph_shapes more built graphs with outputs, each with its own scheduler
-    std::vector<std::pair<ggml_backend_sched_ptr, llm_graph_result_ptr>> gf_res_shapes;
-    size_t graph_shapes = 0; // env: LLAMA_GRAPH_SHAPES
+# on an H200 with the 1.5B, against 0.08-0.16 ms reusing it (benchmarks/device/graph_timing.py).
+# With LLAMA_GRAPH_SIZES=1,2,3,5,... a batch of one sequence and a listed number of tokens is
+# decoded in that size's own scheduler and graph, kept between decodes (a scheduler rewrites a
+# graph's inputs to its own copies, so one graph cannot move to another scheduler); every other
+# batch (a prompt chunk, a draft tree) in the scheduler llama.cpp reserved. Each kept scheduler
+# then holds at most its size's compute buffer. Off unless the variable is set (edgespec sets it
+# for a drafted target on the GPU); any event that resets the graphs drops them.
+GRAPHS_BY_SIZE = (
+    _after("sizes-members", CONTEXT_H, "    llm_graph_result * gf_res_prev_active = nullptr;\n", """\
+    // @MARK: batch sizes whose graphs are kept, each size's scheduler and graph result (the last
+    // slot: every other batch's, the scheduler llama.cpp reserved), and the active pair's slot
+    std::vector<uint32_t> graph_sizes; // env: LLAMA_GRAPH_SIZES
+    std::vector<std::pair<ggml_backend_sched_ptr, llm_graph_result_ptr>> gf_res_sizes;
+    std::vector<bool> gf_res_sizes_built; // whether a slot's scheduler holds its result's graph
+    size_t graph_slot = 0;
 """),
-    _after("shapes-methods", CONTEXT_H, "    llm_graph_result * get_gf_res_prev();\n", """    llm_graph_result * gf_res_by_shape(const llama_ubatch & ubatch, llama_memory_context_i * mctx,
-                                       llm_graph_type gtype); // @MARK
+    _after("sizes-methods", CONTEXT_H, "    llm_graph_result * get_gf_res_prev();\n", """\
+    llm_graph_result * gf_res_by_size(const llama_ubatch & ubatch); // @MARK
 """),
-    _before("shapes-env", CONTEXT_CPP,
-            "    // ref: https://github.com/ggml-org/llama.cpp/pull/17046#discussion_r2503085732\n", """    { // @MARK
-        const char * LLAMA_GRAPH_SHAPES = getenv("LLAMA_GRAPH_SHAPES");
-        graph_shapes = LLAMA_GRAPH_SHAPES ? (size_t) std::max(0, atoi(LLAMA_GRAPH_SHAPES)) : 0;
+    _before("sizes-env", CONTEXT_CPP,
+            "    // ref: https://github.com/ggml-org/llama.cpp/pull/17046#discussion_r2503085732\n", """\
+    if (const char * sizes = getenv("LLAMA_GRAPH_SIZES")) { // @MARK
+        for (const char * s = sizes; *s; ) {
+            char * end = nullptr;
+            const long n = strtol(s, &end, 10);
+            if (end == s) {
+                break;
+            }
+            if (n > 0 && n <= (long) cparams.n_ubatch) {
+                graph_sizes.push_back((uint32_t) n);
+            }
+            s = *end == ',' ? end + 1 : end;
+        }
     }
 
 """),
-    Patch("shapes-use", CONTEXT_CPP,
+    Patch("sizes-use", CONTEXT_CPP,
           "    auto * res = get_gf_res_prev();\n    auto * gf  = res->get_gf();\n\n    // the new graph parameters\n",
-          f"    auto * res = gf_res_by_shape(ubatch, mctx, gtype); // {MARK} shapes-use\n"
+          f"    auto * res = gf_res_by_size(ubatch); // {MARK} sizes-use\n"
           "    auto * gf  = res->get_gf();\n\n    // the new graph parameters\n"),
-    _after("shapes-drop-reserve", CONTEXT_CPP,
+    _after("sizes-drop-reserve", CONTEXT_CPP,
            "    gf_res_reserve.reset(new llm_graph_result(max_nodes));\n    gf_res_prev_active = nullptr;\n",
-           "    gf_res_shapes.clear(); // @MARK\n"),
-    Patch("shapes-drop-memory", CONTEXT_CPP,
+           "    gf_res_sizes.clear(); // @MARK\n"),
+    Patch("sizes-drop-memory", CONTEXT_CPP,
           "        gf_res_prev_active = nullptr;\n\n        if (!mctx->apply()) {\n",
-          f"        gf_res_prev_active = nullptr;\n        gf_res_shapes.clear(); // {MARK} shapes-drop-memory\n\n"
+          f"        gf_res_prev_active = nullptr;\n        gf_res_sizes.clear(); // {MARK} sizes-drop-memory\n\n"
           "        if (!mctx->apply()) {\n"),
-    _after("shapes-drop-graph-reserve", CONTEXT_CPP, """\
+    _after("sizes-drop-graph-reserve", CONTEXT_CPP, """\
     // when the scheduler is reset, we cannot reuse old graphs, so we reset the previous graph results
     for (auto & res : gf_res_prev) {
         if (res) {
@@ -248,50 +264,54 @@ GRAPHS_BY_SHAPE = (
         }
     }
     gf_res_prev_active = nullptr;
-""", "    gf_res_shapes.clear(); // @MARK\n"),
-    _before("shapes-impl", CONTEXT_CPP,
+""", "    gf_res_sizes.clear(); // @MARK\n"),
+    _before("sizes-impl", CONTEXT_CPP,
             "// pack sampler outputs into as few sequences as possible before using sequences without samplers\n", """\
-// @MARK: the graph result for this batch; the active one, one kept for its shape swapped in with
-// its scheduler, or a pair to build it in (the active pair kept, the least recent dropped).
-llm_graph_result * llama_context::gf_res_by_shape(const llama_ubatch & ubatch, llama_memory_context_i * mctx,
-                                                  llm_graph_type gtype) {
-    auto * res = get_gf_res_prev();
-    if (graph_shapes == 0 || n_outputs == 0 || graph_reuse_disable || cparams.pipeline_parallel ||
-            gf_res_prev_active != res || res->can_reuse(graph_params(res, ubatch, mctx, gtype))) {
-        return res;
+// @MARK: the graph result to decode this batch in, with its scheduler made the context's: its
+// size's slot (a batch of one sequence with outputs), or the last one. The active pair moves back
+// to its slot, noting whether its scheduler still holds its graph; a slot used for the first
+// time gets a new scheduler; process_ubatch reuses the graph where it fits the batch.
+llm_graph_result * llama_context::gf_res_by_size(const llama_ubatch & ubatch) {
+    if (graph_sizes.empty() || graph_reuse_disable || cparams.pipeline_parallel) {
+        return get_gf_res_prev();
     }
-    auto & active = gf_res_prev[1];
-    for (size_t i = 0; i < gf_res_shapes.size(); ++i) {
-        auto & kept = gf_res_shapes[i];
-        if (kept.second->can_reuse(graph_params(kept.second.get(), ubatch, mctx, gtype))) {
-            std::swap(kept.first, sched);
-            std::swap(kept.second, active);
-            std::rotate(gf_res_shapes.begin() + i, gf_res_shapes.begin() + i + 1, gf_res_shapes.end());
-            gf_res_prev_active = active.get();
-            return active.get();
+    const size_t other = graph_sizes.size();
+    if (gf_res_sizes.empty()) { // after a reset: the active pair is the last slot's
+        gf_res_sizes.resize(other + 1);
+        gf_res_sizes_built.assign(other + 1, false);
+        graph_slot = other;
+    }
+    size_t slot = other;
+    if (n_outputs > 0 && ubatch.n_seqs_unq == 1) {
+        slot = std::find(graph_sizes.begin(), graph_sizes.end(), ubatch.n_tokens) - graph_sizes.begin();
+    }
+    if (slot != graph_slot) {
+        auto & active = gf_res_prev[1];
+        if (!active) {
+            active.reset(new llm_graph_result(gf_res_reserve->get_max_nodes()));
         }
+        auto & want = gf_res_sizes[slot];
+        if (!want.first) {
+            const size_t max_nodes = gf_res_reserve->get_max_nodes();
+            want.first.reset(ggml_backend_sched_new(backend_ptrs.data(), backend_buft.data(), backend_ptrs.size(),
+                                                    max_nodes, false, cparams.op_offload));
+            want.second.reset(new llm_graph_result(max_nodes));
+        }
+        gf_res_sizes_built[graph_slot] = gf_res_prev_active != nullptr && gf_res_prev_active == active.get();
+        std::swap(gf_res_sizes[graph_slot].first, sched);
+        std::swap(gf_res_sizes[graph_slot].second, active);
+        std::swap(want.first, sched);
+        std::swap(want.second, active);
+        gf_res_prev_active = gf_res_sizes_built[slot] ? active.get() : nullptr;
+        graph_slot = slot;
     }
-    std::pair<ggml_backend_sched_ptr, llm_graph_result_ptr> spare;
-    if (gf_res_shapes.size() >= graph_shapes) {
-        spare = std::move(gf_res_shapes.front());
-        gf_res_shapes.erase(gf_res_shapes.begin());
-    } else {
-        const size_t max_nodes = gf_res_reserve->get_max_nodes();
-        spare.first.reset(ggml_backend_sched_new(backend_ptrs.data(), backend_buft.data(), backend_ptrs.size(),
-                                                 max_nodes, false, cparams.op_offload));
-        spare.second.reset(new llm_graph_result(max_nodes));
-    }
-    std::swap(spare.first, sched);
-    std::swap(spare.second, active);
-    gf_res_shapes.push_back(std::move(spare));
-    gf_res_prev_active = nullptr; // process_ubatch builds into the new active pair
-    return active.get();
+    return get_gf_res_prev();
 }
 
 """),
 )
 
-PATCHES = (PER_SHAPE_KEY, PER_SHAPE_FEATURE) + OUTPUT_ARGMAX + GRAPHS_BY_SHAPE
+PATCHES = (PER_SHAPE_KEY, PER_SHAPE_FEATURE) + OUTPUT_ARGMAX + GRAPHS_BY_SIZE
 
 
 def apply(text: str, patch: Patch) -> str:

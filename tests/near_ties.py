@@ -74,9 +74,14 @@ def near_tie(engine: Engine, prompt: list[int], plain: tuple[int, ...], spec: tu
     picked plain[j]. That flip needs gap = L[plain[j]] - L[spec[j]] <= 2 * deviation, the
     largest change batching makes to any logit of that row.
     """
-    single = _plain_logits_at(engine, prompt, plain, j)
-    context = list(prompt) + list(plain[:j])
-    top2 = np.sort(single)[-2:]
-    return {"position": j, "gap": float(single[plain[j]] - single[spec[j]]),
-            "top2_gap": float(top2[1] - top2[0]),
-            "local_deviation": _local_deviation(engine, context, list(spec[j:]), single)}
+    picking = engine.ctx.picking
+    engine.ctx.pick_on_backend(False)  # logits, not the backend's picks
+    try:
+        single = _plain_logits_at(engine, prompt, plain, j)
+        context = list(prompt) + list(plain[:j])
+        top2 = np.sort(single)[-2:]
+        return {"position": j, "gap": float(single[plain[j]] - single[spec[j]]),
+                "top2_gap": float(top2[1] - top2[0]),
+                "local_deviation": _local_deviation(engine, context, list(spec[j:]), single)}
+    finally:
+        engine.ctx.pick_on_backend(picking)

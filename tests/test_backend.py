@@ -132,3 +132,92 @@ def test_a_batch_names_its_first_bad_row():
     assert [b.seq_id[i, :b.n_seq_id[i]].tolist() for i in range(3)] == [[0], [0, 1], [2]]
     # llama.cpp reads the seq ids through the struct's row pointers
     assert [b.struct.seq_id[1][j] for j in range(2)] == [0, 1] and b.struct.token[2] == 6
+
+
+def test_batch_sizes_padded_to_the_kept_graphs():
+    from edgespec.llama.backend import padded_size
+    from edgespec.memory.placements import GRAPH_SIZES
+    assert [padded_size(n, GRAPH_SIZES) for n in (1, 2, 3, 4, 6, 9, 10, 18, 26, 34, 60, 65)] == \
+        [1, 2, 3, 5, 9, 9, 17, 25, 33, 41, 65, 65]
+    assert padded_size(66, GRAPH_SIZES) == 66 and padded_size(7, ()) == 7  # a prompt chunk; no kept graphs
+
+
+def test_a_batch_is_padded_only_in_one_sequence_and_inside_the_context():
+    from edgespec.llama.batch import Batch
+    b = Batch(8, 3)
+    b.fill([4, 5, 6], [3, 4, 5], [[1]] * 3, [True] * 3, n_vocab=10, n_ctx=16)
+    assert b.pad(3, 4, n_ctx=16) == (1, 6)
+    assert b.token[:4].tolist() == [4, 5, 6, 6] and b.pos[:4].tolist() == [3, 4, 5, 6]
+    assert b.seq_id[3, 0] == 1 and b.n_seq_id[3] == 1 and b.logits[3] == 1
+    b.fill([4, 5, 6], [13, 14, 15], [[1]] * 3, [True] * 3, n_vocab=10, n_ctx=16)
+    assert b.pad(3, 4, n_ctx=16) is None  # position 16 is outside the context
+    b.fill([4, 5, 6], [3, 4, 4], [[0], [0], [1]], [True] * 3, n_vocab=10, n_ctx=16)
+    assert b.pad(3, 4, n_ctx=16) is None  # two sequences (a draft tree)
+    b.fill([4, 5], [3, 4], [[0], [0, 1]], [True] * 2, n_vocab=10, n_ctx=16)
+    assert b.pad(2, 4, n_ctx=16) is None
+
+
+SIZES = (1, 2, 3, 5, 9)
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_a_padded_verification_reads_as_one_unpadded_and_leaves_only_its_cells(small_model, n, monkeypatch):
+    """With graphs kept by size, a batch of n tokens is decoded as the next kept size; the caller
+    sees its own n rows (the pad's are not readable) and the cache holds exactly its tokens, so
+    the next one-token decode at the following position is accepted."""
+    monkeypatch.delenv("LLAMA_GRAPH_SIZES", raising=False)
+    toks = small_model.tokenize(TEXT)
+    head, batch = toks[:-n], toks[-n:]
+    contexts = [LlamaContext(small_model, ContextParams(n_ctx=256, graph_sizes=k)) for k in ((), SIZES)]
+    try:
+        assert [c.graph_sizes for c in contexts] == [(), SIZES]
+        outs = []
+        for ctx in contexts:
+            ctx.decode(head, range(len(head)), [[0]] * len(head), [False] * len(head))
+            rows = ctx.decode_rows(batch, range(len(head), len(toks)), [[0]] * n, [True] * n)
+            outs.append(np.array([rows(i) for i in range(n)]))
+            with pytest.raises(IndexError):
+                rows(n)
+            assert ctx.seq_pos_max(0) == len(toks) - 1
+            outs.append(ctx.decode([toks[0]], [len(toks)], [[0]], [True]))
+        assert (outs[0].argmax(-1) == outs[2].argmax(-1)).all()
+        assert np.abs(outs[0] - outs[2]).max() < 0.1  # llama.cpp's batch numerics, as above
+        assert np.abs(outs[1] - outs[3]).max() < 0.1
+    finally:
+        for c in contexts:
+            c.close()
+
+
+def test_the_environment_sets_the_kept_sizes(small_model, monkeypatch):
+    import os
+    from edgespec.llama.backend import graph_sizes
+    monkeypatch.setenv("LLAMA_GRAPH_SIZES", "0")
+    ctx = LlamaContext(small_model, ContextParams(n_ctx=64, graph_sizes=SIZES))
+    try:
+        assert ctx.graph_sizes == ()
+    finally:
+        ctx.close()
+    monkeypatch.setenv("LLAMA_GRAPH_SIZES", "9, 1,3")
+    assert graph_sizes(SIZES) == (1, 3, 9)
+    monkeypatch.setenv("LLAMA_GRAPH_SIZES", "1,two")
+    with pytest.raises(InvalidRequest, match="comma list"):
+        graph_sizes(())
+    monkeypatch.delenv("LLAMA_GRAPH_SIZES")
+    ctx = LlamaContext(small_model, ContextParams(n_ctx=64, graph_sizes=SIZES))
+    try:
+        assert ctx.graph_sizes == SIZES and "LLAMA_GRAPH_SIZES" not in os.environ  # set while it was created
+    finally:
+        ctx.close()
+
+
+def test_a_batch_without_room_for_its_pad_is_decoded_as_asked(small_model, monkeypatch):
+    monkeypatch.delenv("LLAMA_GRAPH_SIZES", raising=False)
+    ctx = LlamaContext(small_model, ContextParams(n_ctx=256, n_seq_max=2, graph_sizes=SIZES))
+    try:
+        filler = small_model.tokenize(TEXT)[:5] * 50  # 250 of the 256 cells, in sequence 1
+        ctx.decode(filler, range(250), [[1]] * 250, [False] * 250)
+        toks = small_model.tokenize(TEXT)[:6]  # 6 tokens padded to 9 need 9 cells; 6 are left
+        out = ctx.decode(toks, range(6), [[0]] * 6, [True] * 6)
+        assert out.shape == (6, small_model.n_vocab) and ctx.seq_pos_max(0) == 5
+    finally:
+        ctx.close()

@@ -149,7 +149,9 @@ def test_planned_vram_matches_what_cuda_allocates(mode, shape):
     # Device buffers only: "CUDA_Host" ones are pinned host memory (RAM).
     reported = sum(v for k, v in reported_buffers(cap.lines).items()
                    if k.startswith("CUDA") and not k.startswith("CUDA_Host"))
-    planned = plan.vram_bytes - GPU_RUNTIME_BYTES
+    # The graphs kept by size are allocated as their sizes are first decoded, not at load
+    # (test_kept_graphs_stay_within_their_planned_vram).
+    planned = plan.vram_bytes - GPU_RUNTIME_BYTES - _kept_graphs_part(plan)
     assert abs(planned - reported) <= 0.10 * reported, (mode, planned, reported)
     if mode == "offload":  # the target's CPU-resident weights pinned as planned, for op offload's
         # copies (the drafter, wholly on the GPU, maps its token embeddings: "CPU_Mapped model")
@@ -219,3 +221,40 @@ def test_a_request_stays_within_the_planned_ram(mode):
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "GPU runtime (host)" in r["parts"], r
     assert 0 < r["peak"] <= r["plan_ram"], r
+
+
+def _kept_graphs_part(plan) -> int:
+    return sum(p.bytes for p in plan.parts if p.component.startswith("target's graphs kept"))
+
+
+def _process_vram() -> int:
+    """This process's GPU memory in use, as the driver reports it."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         check=True, capture_output=True, text=True).stdout
+    return sum(int(used) << 20 for pid, used in (line.split(",") for line in out.splitlines() if line.strip())
+               if int(pid) == os.getpid())
+
+
+@skip_without_gpu
+def test_kept_graphs_stay_within_their_planned_vram():
+    """Decoding every kept size, each twice between one-token steps and prompt chunks, grows the
+    process's GPU memory by no more than the plan's part for the graphs kept by size (and the
+    CUDA graphs captured for them, a few MiB)."""
+    cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement="gpu", draft="suffix", draft_max=63, n_threads=8)
+    with Engine(cfg) as engine:
+        sizes, kept = engine.ctx.graph_sizes, _kept_graphs_part(engine.load_plan.plan)
+        assert sizes and sizes[-1] == 65 and kept > 0, (sizes, kept)
+        engine.seq.sync(engine.model.tokenize("x " * 200))
+        before = _process_vram()
+        for _ in range(2):
+            for n in range(1, 66):  # every size up to the largest verification, padded to the kept ones
+                base = len(engine.seq)
+                engine.ctx.decode_rows([17] * 3, range(base, base + 3), [[0]] * 3, [False] * 3)  # no rows read
+                engine.ctx.seq_rm(0, base, -1)
+                rows = engine.ctx.decode_rows([17] * n, range(base, base + n), [[0]] * n, [True] * n)
+                assert rows.greedy(n - 1) >= 0
+                engine.ctx.seq_rm(0, base, -1)
+                engine.seq.append(17)
+            engine.seq.sync(engine.model.tokenize("y " * 150))  # a prompt chunk: the reserved scheduler's
+        grown = _process_vram() - before
+    assert grown <= kept + 64 * (1 << 20), (grown, kept)

@@ -292,3 +292,16 @@ def test_a_drafter_wholly_on_the_cpu_never_ships_its_batches_to_the_gpu(model_pa
         assert drafter.ctx.params.op_offload is False
     finally:
         drafter.close()
+
+
+def test_only_a_drafted_target_wholly_on_the_gpu_of_a_patched_build_keeps_graphs_by_size(monkeypatch):
+    from edgespec.memory import placements as pl
+    monkeypatch.setattr(pl, "OUTPUT_ARGMAX", True)
+    assert pl.graph_sizes(29, 28, 33, True) == pl.graph_sizes(-1, 28, 33, True) == (1, 2, 3, 5, 9, 17, 25, 33)
+    assert pl.graph_sizes(29, 28, 30, True) == (1, 2, 3, 5, 9, 17, 25, 33)  # up to the size that holds 30
+    assert pl.graph_sizes(29, 28, 65, True) == pl.GRAPH_SIZES
+    assert pl.graph_sizes(28, 28, 33, True) == ()  # the output layer stays on the CPU: a split target
+    assert pl.graph_sizes(29, 28, 1, True) == ()   # plain decoding keeps one size
+    assert pl.graph_sizes(-1, 28, 33, False) == ()  # a CPU build
+    monkeypatch.setattr(pl, "OUTPUT_ARGMAX", False)
+    assert pl.graph_sizes(29, 28, 33, True) == ()  # a stock build keeps no graphs to pad for

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real trip graphtiming shapes (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip graphtiming sizes (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -430,10 +430,11 @@ wait_for() {  # wait_for FILE SECONDS: until FILE exists (a background build's p
 }
 
 # real NAME SECONDS_NEEDED BENCH_ARGS...: one `edgespec bench` on the real pair, skipped once done
+ENVS=()  # environment edits for real's runs, in env's syntax (stage_sizes)
 real() {
     local name=$1 need=$2; shift 2
     [[ -s "$W/results/real-$name.json" ]] && return
-    run "$need" env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" PATH="$W/build/bin:$PATH" "$W/venv/bin/edgespec" bench \
+    run "$need" env "${OWN[@]}" "${ENVS[@]}" EDGESPEC_HOME="$HOME_ES" PATH="$W/build/bin:$PATH" "$W/venv/bin/edgespec" bench \
         --model qwen2.5-coder-1.5b --threads 8 --share-prefill --json "$W/results/real-$name.json" \
         --markdown "$W/results/real-$name.md" "$@" > "$W/results/real-$name.log" 2>&1 \
         || { tail -5 "$W/results/real-$name.log"; return 1; }
@@ -491,32 +492,50 @@ stage_trip() {
 }
 
 stage_graphtiming() {  # where a change of batch shape spends its host time (graph_timing.py),
-    # on run.sh build's llama.cpp, its llama-context.cpp timed and rebuilt
-    [[ -s "$W/results/real-graph-timing.json" ]] && return
+    # on run.sh build's llama.cpp, its llama-context.cpp timed and rebuilt: as built, then with
+    # graphs kept by size (placements.GRAPH_SIZES)
+    [[ -s "$W/results/real-graph-timing-sizes.json" ]] && return
     wait_for "$W/build/bin/llama-speculative-simple" 300 && stage_install || return 1
     python3 benchmarks/device/graph_timing.py patch "$SRC" || { fail "graph timing patch"; return 1; }
     run 120 cmake --build "$W/build" -j 16 --target llama > "$W/rebuild.log" 2>&1 || { tail -20 "$W/rebuild.log"; return 1; }
-    run 120 python3 benchmarks/device/graph_timing.py run "$HOME_ES/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" \
-        "$W/results/real-graph-timing.json" > "$W/results/real-graph-timing.log" 2>&1
-    tail -20 "$W/results/real-graph-timing.log"
+    local sizes k target="$HOME_ES/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    sizes=$(python3 -c 'from edgespec.memory.placements import GRAPH_SIZES as s; print(",".join(map(str, s)))')
+    for k in "" -sizes; do
+        [[ $k ]] && export LLAMA_GRAPH_SIZES=$sizes
+        run 60 python3 benchmarks/device/graph_timing.py run "$target" "$W/results/real-graph-timing$k.json" \
+            > "$W/results/real-graph-timing$k.log" 2>&1
+        unset LLAMA_GRAPH_SIZES
+    done
+    tail -20 "$W/results/real-graph-timing-sizes.log"
 }
 
-# The graphs-by-shape patch (native/llama_cpp_patches.py, on with LLAMA_GRAPH_SHAPES=N): the switch
-# timings with it (after graphtiming), then `auto` without and with it, alternating, on the real pair
-stage_shapes() {
+# Graphs kept by batch size (native/llama_cpp_patches.py) and batches padded to those sizes
+# (edgespec.llama.backend.padded_size), on by default for a drafted target wholly on the GPU:
+# plain, suffix and `auto` with them off (LLAMA_GRAPH_SIZES=0) and on (edgespec's default),
+# alternating, on the real pair (SETS: which; REPEATS: how many times each), and the GPU's memory
+# in use sampled every 100 ms during each run
+stage_sizes() {
     wait_for "$W/venv/.installed-cuda" 420 || return 1
-    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m k i
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m arm i set name
     for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
-    [[ -s "$W/results/real-graph-timing.json" && ! -s "$W/results/real-graph-timing-shapes8.json" ]] \
-        && LLAMA_GRAPH_SHAPES=8 run 120 python3 benchmarks/device/graph_timing.py run \
-            "$HOME_ES/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" "$W/results/real-graph-timing-shapes8.json" \
-            > "$W/results/real-graph-timing-shapes8.log" 2>&1
-    local sb=(--suite specbench --split test --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto)
-    local ce=(--suite code-edit-test --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto)
-    for i in 1 2; do
-        for k in 0 8; do
-            LLAMA_GRAPH_SHAPES=$k real "shapes$k-$i-gpu-specbench" 90 "${sb[@]}"
-            LLAMA_GRAPH_SHAPES=$k real "shapes$k-$i-gpu-codeedit" 90 "${ce[@]}"
+    local common=(--limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto)
+    for i in $(seq 1 "${REPEATS:-2}"); do
+        for arm in off on; do
+            for set in ${SETS:-specbench:test code-edit-test}; do
+                name="sizes$arm-$i-gpu-${set/:/-}"
+                [[ -s "$W/results/real-$name.json" ]] && continue
+                nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
+                    > "$W/results/real-$name.vram" 2>/dev/null & local smi=$!
+                if [[ $arm == off ]]; then ENVS=(LLAMA_GRAPH_SIZES=0); else ENVS=(-u LLAMA_GRAPH_SIZES); fi
+                if [[ $set == *:* ]]; then
+                    real "$name" 90 --suite "${set%%:*}" --split "${set#*:}" "${common[@]}"
+                else
+                    real "$name" 90 --suite "$set" "${common[@]}"
+                fi
+                ENVS=()
+                kill $smi 2>/dev/null; wait $smi 2>/dev/null
+                echo "peak MiB: $(sort -n "$W/results/real-$name.vram" | tail -1)" >> "$W/results/real-$name.log"
+            done
         done
     done
 }
@@ -557,7 +576,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|shapes) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done

@@ -211,7 +211,42 @@ class ContextParams:
     # Greedy requests may have the backend pick sequence 0's tokens (edgespec.llama.rows):
     # the target with its output layer on a GPU (edgespec.memory.placements.greedy_on_backend).
     greedy_on_backend: bool = False
+    # Batch sizes whose graphs llama.cpp keeps (edgespec's graphs-by-size patch), and to which
+    # batches of one sequence are padded (padded_size); (): neither. LLAMA_GRAPH_SIZES in the
+    # environment overrides it.
+    graph_sizes: tuple[int, ...] = ()
 
+
+def padded_size(n: int, sizes: Sequence[int]) -> int:
+    """The batch size ``n`` tokens are decoded as: the smallest of ``sizes`` that holds them, else
+    ``n``."""
+    return min((s for s in sizes if s >= n), default=n)
+
+
+def graph_sizes(asked: tuple[int, ...]) -> tuple[int, ...]:
+    """The batch sizes a context keeps graphs for: LLAMA_GRAPH_SIZES where it is set (a comma
+    list; 0 or nothing: none), else ``asked``."""
+    value = os.environ.get("LLAMA_GRAPH_SIZES")
+    if value is None:
+        return tuple(asked)
+    try:
+        return tuple(sorted({int(s) for s in value.split(",") if s.strip() and int(s) > 0}))
+    except ValueError:
+        raise InvalidRequest(f"LLAMA_GRAPH_SIZES must be a comma list of batch sizes, got {value!r}") from None
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str):
+    """``name`` set to ``value`` in the process environment (which llama.cpp reads) meanwhile."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
 
@@ -417,7 +452,8 @@ class LlamaContext:
         self.model = model
         threads = params.n_threads or default_threads()
         cp = context_struct(params, threads)
-        with _sigint_deferred():
+        self.graph_sizes = graph_sizes(params.graph_sizes)
+        with _sigint_deferred(), _environ("LLAMA_GRAPH_SIZES", ",".join(map(str, self.graph_sizes))):
             self._ctx = lc.llama_init_from_model(model._model, cp)
         if not self._ctx:
             raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens")
@@ -480,9 +516,18 @@ class LlamaContext:
         rows = self._batch.fill(tokens, positions, seq_ids, logits, self.model.n_vocab, self.n_ctx)
         if rows > self.n_outputs_max:  # llama.cpp would abort (output_reserve's assertion)
             raise InvalidRequest(f"batch asks for {rows} logits rows; the context allows {self.n_outputs_max}")
+        n, padding = len(tokens), None
+        size = padded_size(n, self.graph_sizes) if n > 1 and self.graph_sizes else n
+        if size > n and size <= self.n_batch and (not logits[-1] or rows + size - n <= self.n_outputs_max):
+            padding = self._batch.pad(n, size, self.n_ctx)
         b = self._batch.struct
-        b.n_tokens = len(tokens)
+        b.n_tokens = n if padding is None else size
         rc = lc.llama_decode(self._ctx, b)
+        if padding is not None and rc == 1:  # no room for the pad's cells: as asked, unpadded
+            padding, b.n_tokens = None, n
+            rc = lc.llama_decode(self._ctx, b)
+        if rc == 0 and padding is not None:  # the cache holds what was asked, nothing after it
+            self.seq_rm(*padding)
         _raise_lost_interrupt()
         if rc != 0:
             raise BackendError(f"llama_decode failed (code {rc}): "

@@ -66,6 +66,22 @@ class Batch:
         self.logits[:n] = logits
         return int(np.count_nonzero(self.logits[:n]))
 
+    def pad(self, n: int, to: int, n_ctx: int) -> tuple[int, int] | None:
+        """Extends the filled batch of ``n`` rows to ``to`` rows when every row is in one and the
+        same sequence: each added row repeats the last one's token and flag at the next position.
+        Returns (that sequence, the first added position), or None where the batch stays as it is
+        (several sequences, or positions past the context)."""
+        seqs = self.seq_id[:n, 0]
+        if to <= n or self.n_seq_id[:n].max() != 1 or seqs.min() != seqs.max():
+            return None
+        start = int(self.pos[:n].max()) + 1
+        if start + to - n > n_ctx:
+            return None
+        self.token[n:to], self.logits[n:to], self.n_seq_id[n:to] = self.token[n - 1], self.logits[n - 1], 1
+        self.seq_id[n:to, 0] = seqs[0]
+        self.pos[n:to] = np.arange(start, start + to - n)
+        return int(seqs[0]), start
+
     def _seq_ids(self, seq_ids: Sequence[Sequence[int]], lens: list[int], n: int) -> None:
         def bad(i: int) -> str:
             return f"row {i}: sequence ids must be in [0, {self.n_seq_max})"

@@ -14,7 +14,7 @@ from edgespec.errors import InvalidRequest, ModelNotFound
 from edgespec.files.modelfile import ModelFile, model_file
 from edgespec.files.store import ModelStore
 from edgespec.files.vocab import check_compatible
-from edgespec.llama.backend import ModelParams, default_threads
+from edgespec.llama.backend import ModelParams, default_threads, graph_sizes
 from edgespec.memory import planner
 from edgespec.memory.footprint import estimate_onnx_drafter, footprint_of
 from edgespec.memory.placements import drafter_context_params
@@ -102,7 +102,7 @@ def calibration_tag(plan: planner.Plan) -> str:
 def target_key(plan: planner.Plan, target_path: Path) -> str:
     """The placement key `auto` calibrates and learns under, for the target as ``plan`` loads it."""
     return calibration_key(target_path, target_model_params(plan), plan.threads or default_threads(),
-                           plan.flash_attn, calibration_tag(plan))
+                           plan.flash_attn, calibration_tag(plan), graph_sizes(plan.graph_sizes))
 
 
 def auto_skips_drafter(plan: planner.Plan, target_path: Path, drafter: Path, store: ModelStore) -> str | None:

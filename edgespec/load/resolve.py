@@ -78,7 +78,9 @@ def _as_asked(config: EngineConfig, path: Path, target: ModelFile, m: MachineInf
     context = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq, kv_type=kv_type,
                             n_outputs_max=placements.VERIFY_ROWS, flash_attn=flash, op_offload=op_offload,
                             greedy_on_backend=config.greedy_on_backend and (config.draft is None or OUTPUT_ARGMAX)
-                            and placements.greedy_on_backend(config.n_gpu_layers, m))
+                            and placements.greedy_on_backend(config.n_gpu_layers, m),
+                            graph_sizes=placements.graph_sizes(config.n_gpu_layers, target.info.n_layers or 0,
+                                                               shape.draft_max + 1 if config.draft else 1, m.gpu_offload))
     if config.exact:
         model, context = invariant.model_params(model), invariant.context_params(context)
     notes = drafter_files.drafter_path(config, target, store)[1] if config.draft is not None else ()
@@ -168,7 +170,8 @@ def _from_plan(config: EngineConfig, path: Path, plan: planner.Plan, draft: str 
                             n_threads=plan.threads, n_outputs_max=placements.VERIFY_ROWS, kv_type=plan.kv_type,
                             flash_attn=plan.flash_attn, op_offload=plan.op_offload,
                             greedy_on_backend=config.greedy_on_backend and (draft is None or OUTPUT_ARGMAX)
-                            and plan.n_gpu_layers > 0)
+                            and plan.n_gpu_layers > 0,
+                            graph_sizes=plan.graph_sizes if draft is not None else ())
     if config.exact:
         model, context = invariant.model_params(model), invariant.context_params(context)
     file_backed = plan.weights_mode == "file-backed"

@@ -12,7 +12,7 @@ from edgespec.llama.kernels import KV_CACHE_TYPES, default_flash_attn, resolved_
 from edgespec.memory import placements
 from edgespec.memory.filebacked import RELEASE_MARGIN
 from edgespec.memory.footprint import (SUFFIX_BYTES_PER_TOKEN, MiB, ContextFootprint, ModelFootprint,
-                                       estimate_context)
+                                       estimate_context, verify_graph_bytes)
 from edgespec.memory.footprint import SUFFIX_HISTORY_TOKENS as SUFFIX_DEFAULT_CAP
 from edgespec.memory.machine import MachineInfo
 from edgespec.units import format_bytes
@@ -108,6 +108,7 @@ class Plan:
     placement: str                 # edgespec.memory.placements: gpu | offload | draft-gpu | overlap | cpu
     no_host: bool                  # target weights outside pinned host buffers (repacked for the CPU)
     op_offload: bool               # multi-token batches run CPU-resident target layers on the GPU
+    graph_sizes: tuple[int, ...]   # batch sizes the target keeps graphs for (ContextParams.graph_sizes)
     drafter_n_gpu_layers: int
     drafter_use_mmap: bool
     drafter_repack: bool           # the drafter's CPU-resident weights get a repacked copy
@@ -201,6 +202,7 @@ class Evaluation:
     drafter_ctx: ContextFootprint | None
     repack_bytes: int
     file_bytes: int
+    graph_sizes: tuple[int, ...] = ()  # batch sizes the target keeps graphs for (placements.graph_sizes)
 
 
 class Evaluator:
@@ -378,6 +380,11 @@ class Evaluator:
                               f"and compute buffer, + {fmt_bytes(GPU_RUNTIME_BYTES)} runtime"))
         elif dvram:
             vram += GPU_RUNTIME_BYTES
+        sizes, kept = self._kept_graphs(cfg, tc, ngl, vram)
+        if sizes:
+            vram += kept
+            parts.append(Part("target's graphs kept by size", gname, kept,
+                              f"a compute buffer for each of {len(sizes)} batch sizes, 1 to {sizes[-1]} tokens"))
         # A GPU build repacks CPU weights only outside its pinned host buffers, which a split
         # target keeps (their weights are what op offload streams to the GPU).
         repack = self.target_repack(cfg) and not (self.m.gpu_offload and 0 < ngl)
@@ -413,7 +420,17 @@ class Evaluator:
             fits = False  # not one layer fits beside the drafter: that is draft-gpu or cpu
         penalty = self._penalty(cfg, ngl)
         return Evaluation(cfg, fits, ram, vram, penalty, parts, ngl, dngl, use_mmap, d_mmap, d_repack, rp_on, tc, dc,
-                     rp_bytes, file_bytes)
+                          rp_bytes, file_bytes, sizes)
+
+    def _kept_graphs(self, cfg: Candidate, tc: ContextFootprint, ngl: int,
+                     vram: int) -> tuple[tuple[int, ...], int]:
+        """(sizes, bytes): the batch sizes the target keeps graphs for (placements.graph_sizes),
+        each with a compute buffer for that many rows; none where the VRAM budget does not hold
+        them beside the rest."""
+        rows = tc.n_outputs if self._drafting(cfg) else 1
+        sizes = placements.graph_sizes(ngl, self.t.n_layer, rows, self.m.gpu_offload)
+        kept = sum(verify_graph_bytes(self.t, tc, s) for s in sizes)
+        return (sizes, kept) if sizes and vram + kept <= self.vram_budget else ((), 0)
 
     def _penalty(self, cfg: Candidate, ngl: int) -> float:
         """The candidate's cost under RANKING: the sum of the weights of what it gives up."""

@@ -57,7 +57,7 @@ def build_plan(pl: Evaluator, e: Evaluation, evals: list[Evaluation], target: Mo
         n_seq_max=tc.n_seq, kv_type=cfg.kv_type, flash_attn=tc.flash_attn, n_gpu_layers=e.ngl,
         weights_mode="resident" if cfg.resident else "file-backed", use_mmap=e.use_mmap,
         repack=cfg.repack and e.repack_active, use_mlock=use_mlock, drafter_placement=cfg.drafter,
-        placement=cfg.placement, no_host=no_host, op_offload=op_offload,
+        placement=cfg.placement, no_host=no_host, op_offload=op_offload, graph_sizes=e.graph_sizes,
         drafter_n_gpu_layers=e.drafter_ngl, drafter_use_mmap=e.drafter_mmap,
         drafter_repack=e.drafter_repack,
         suffix_drafter=bool(cfg.suffix_cap), suffix_cap_tokens=cfg.suffix_cap,

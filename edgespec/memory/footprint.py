@@ -373,6 +373,12 @@ def _logits_stage(fp: ModelFootprint, n_out: int, ub: int) -> int:
     return 4 * n_out * (fp.n_vocab + 2 * fp.n_embd) + (6 * ub * fp.n_embd if n_out < ub else 0)
 
 
+def verify_graph_bytes(fp: ModelFootprint, cf: ContextFootprint, rows: int) -> int:
+    """The compute buffer of one batch of ``rows`` tokens, every row's logits read (a
+    verification), in a context ``cf`` of ``fp``."""
+    return max(_layer_stage(fp, rows, cf.n_cells, cf.flash_attn), _logits_stage(fp, rows, rows))
+
+
 def estimate_context(footprint: ModelFootprint, n_ctx: int, n_ubatch: int = 512, n_seq: int = 1,
                      kv_type: str = "f16", flash_attn: bool = True, *, n_batch: int = ENGINE_N_BATCH,
                      n_outputs: int = 1, n_outputs_max: int | None = None) -> ContextFootprint:

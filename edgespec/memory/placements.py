@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from edgespec.errors import InvalidRequest
 from edgespec.llama.backend import ContextParams
+from edgespec.llama.rows import OUTPUT_ARGMAX
 from edgespec.memory.machine import MachineInfo
 
 
@@ -173,6 +174,24 @@ def greedy_on_backend(n_gpu_layers: int, m: MachineInfo) -> bool:
     logits rows (OUTPUT_PICKED); loads with a drafter verify with picks only where the build has
     output argmax."""
     return m.gpu_offload and n_gpu_layers > 0
+
+
+# Batch sizes a target wholly on a GPU keeps graphs for while it verifies drafts, and pads its
+# batches to (ContextParams.graph_sizes): the one-token step, then the pending token with 1, 2,
+# 4, 8 or 16 drafts, then steps of 8 rows. A change of size otherwise rebuilt the graph: 0.65-0.74
+# ms of host time a decode on an H200 with the 1.5B, against 0.08-0.16 ms for a kept one
+# (benchmarks/device/graph_timing.py); past 17 rows a padded row costs the GPU ~0.05 ms.
+GRAPH_SIZES = (1, 2, 3, 5, 9, 17, 25, 33, 41, 49, 57, 65)
+
+
+def graph_sizes(n_gpu_layers: int, n_layer: int, rows: int, gpu_build: bool) -> tuple[int, ...]:
+    """The batch sizes a target's context keeps graphs for, up to the one that holds ``rows`` (its
+    largest verification; 1: it never verifies): GRAPH_SIZES for a drafted target wholly on the GPU
+    of a build with edgespec's llama.cpp patches (OUTPUT_ARGMAX marks them), else none."""
+    whole = n_gpu_layers < 0 or n_gpu_layers > n_layer
+    if rows < 2 or not (whole and gpu_build and OUTPUT_ARGMAX):
+        return ()
+    return tuple(s for s in GRAPH_SIZES if s < rows) + (min((s for s in GRAPH_SIZES if s >= rows), default=rows),)
 
 
 # The host output buffer of a context whose greedy picks the backend makes, over its logits

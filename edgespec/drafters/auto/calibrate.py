@@ -42,7 +42,7 @@ WARMUPS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
 CONTEXT_TOKENS = 512
-VERSION = "v4"  # bump when what is measured changes: older cached calibrations are ignored
+VERSION = "v5"  # bump when what is measured changes: older cached calibrations are ignored
 # ... and this when only the drafted token's measure changes (since "pick": its greedy pick counted)
 DRAFT_VERSION = "pick"
 
@@ -57,8 +57,9 @@ def sizes_up_to(largest: int | None) -> tuple[int, ...]:
 
 
 def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int, flash_attn: bool | None,
-                    tag: str = "") -> str:
-    """The cache key of a llama.cpp load: its file, placement, threads and kernels."""
+                    tag: str = "", graph_sizes: tuple[int, ...] = ()) -> str:
+    """The cache key of a llama.cpp load: its file, placement, threads and kernels, and the batch
+    sizes its context keeps graphs for (ContextParams.graph_sizes: batches padded to them)."""
     st = os.stat(path)
     mode = f"ngl{params.n_gpu_layers}-{'mmap' if params.use_mmap else 'load'}-{'repack' if params.repack else 'norepack'}"
     if not invariant.tiled_matmul_requested():  # exact mode's 16-row batches cost 2.1x the default's
@@ -67,12 +68,15 @@ def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int
     # layers runs op offload (placements.target_flags; a drafter's likewise), none without.
     if params.n_gpu_layers != 0:  # "w": sizes warmed up and timed after a one-token decode
         mode += f"-ob{op_offload_min_batch()}-w" + ("p" if OUTPUT_ARGMAX else "")  # "p": rows picked there
+    if graph_sizes:
+        mode += "-g" + ".".join(map(str, graph_sizes))
     attn = {None: "fa-auto", True: "fa", False: "nofa"}[flash_attn]
     return f"{Path(path).name}-{st.st_size}-{st.st_mtime_ns}-t{n_threads}-{mode}-{attn}-{VERSION}{tag}"
 
 
 def context_key(ctx: LlamaContext, tag: str = "") -> str:
-    return calibration_key(ctx.model.path, ctx.model.params, ctx.n_threads, ctx.params.flash_attn, tag)
+    return calibration_key(ctx.model.path, ctx.model.params, ctx.n_threads, ctx.params.flash_attn, tag,
+                           ctx.graph_sizes)
 
 
 def time_batch(ctx: LlamaContext, n: int, seq: int, token: int, start: int = 0, repeats: int = REPEATS,
