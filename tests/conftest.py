@@ -25,13 +25,14 @@ GEMMA = "gemma3-270m"
 # Each worker runs its model-free tests first (the scheduler below).
 MODEL_FREE = {"test_acceptance", "test_plumbing", "test_policy", "test_recheck", "test_replay",
               "test_sampling", "test_suffix_index", "test_text", "test_gguf", "test_store",
-              "test_cli_models", "test_tree_search", "test_llama_patches", "test_qmatmul"}
+              "test_cli_models", "test_tree_search", "test_llama_patches"}
 # Modules of both kinds: the tests named here load a model, in this process or in a child
 # process (a command, a server, a fresh interpreter); every other test of the module loads none
 # (settings, refusals before loading, plans read from GGUF headers, fakes) and is model_free.
 # Modules in neither table are wholly real-model tests; test_onnx_convert is one, its checks sharing
 # the session's conversion with test_onnx_drafter's (made once, in one process).
 MODEL_TESTS = {
+    "test_qmatmul": {"test_the_loaded_backend_says_whether_rows_keep_their_bits"},
     "test_auto_select": {"test_engine_loads_the_drafter_only_when_its_calibration_pays",
                          "test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so"},
     "test_bench": {"test_short_real_run_json_schema", "test_shared_prefill_evaluates_each_prompt_once",

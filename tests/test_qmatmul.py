@@ -144,3 +144,58 @@ def test_llama_cpp_patch_applies_once_and_needs_its_anchors(tmp_path):
         (broken / patch.path).write_text("// a llama.cpp without the anchors\n")
     with pytest.raises(mod.PatchError, match="found 0 times"):
         mod.apply_all(broken)
+
+
+def _install_cpu():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("install_cpu", SRC / "install_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_installed_backend_is_swapped_keeping_the_wheels_files(tmp_path):
+    """install_cpu copies the built library over each libggml-cpu.so* of the wheel (a wheel holds
+    copies, not links), keeps each original once, and puts them back with --stock."""
+    ic = _install_cpu()
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name in ("libggml-cpu.so", "libggml-cpu.so.0", "libggml-cpu.so.0.25.3", "libggml.so.0"):
+        (lib / name).write_bytes(b"stock " + name.encode())
+    built = tmp_path / "built.so"
+    built.write_bytes(b"patched")
+    assert [p.name for p in ic.install(lib, built)] == ["libggml-cpu.so", "libggml-cpu.so.0", "libggml-cpu.so.0.25.3"]
+    ic.install(lib, built)  # a second install keeps the wheel's files, not the patched ones
+    assert (lib / "libggml-cpu.so.0").read_bytes() == b"patched" and (lib / "libggml.so.0").read_bytes().startswith(b"stock")
+    assert (lib / "libggml-cpu.so.0.stock").read_bytes() == b"stock libggml-cpu.so.0"
+    ic.restore(lib)
+    assert sorted(p.name for p in lib.iterdir()) == ["libggml-cpu.so", "libggml-cpu.so.0", "libggml-cpu.so.0.25.3",
+                                                     "libggml.so.0"]
+    assert (lib / "libggml-cpu.so.0").read_bytes() == b"stock libggml-cpu.so.0"
+
+
+def test_the_cached_backend_is_keyed_by_what_goes_into_it(monkeypatch):
+    ic = _install_cpu()
+    monkeypatch.setenv("CMAKE_ARGS", "-DA=1")
+    key = ic.cache_key("0.3.36")
+    assert ic.cache_key("0.3.36") == key and ic.cache_key("0.3.37") != key
+    monkeypatch.setenv("CMAKE_ARGS", "-DA=2")
+    assert ic.cache_key("0.3.36") != key
+
+
+def test_the_loaded_backend_says_whether_rows_keep_their_bits(model_path):
+    """With qmatmul loaded (`make` installs it on a CPU build), the rows of a batch with flash
+    attention have a one-token decode's bits; edgespec reads which backend it has from the
+    library, and a test of its rows agrees."""
+    from conftest import TARGET
+    from edgespec.llama import invariant
+    from edgespec.llama.backend import ContextParams, LlamaContext, LlamaModel, ModelParams, qmatmul_loaded
+
+    model = LlamaModel(model_path(TARGET), ModelParams())
+    ctx = LlamaContext(model, ContextParams(n_ctx=256, flash_attn=True))
+    try:
+        deviation = invariant.deviation(ctx)
+    finally:
+        ctx.close()
+        model.close()
+    assert (deviation == 0.0) == qmatmul_loaded(), deviation

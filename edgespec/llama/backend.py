@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import llama_cpp as lc  # isort: skip  (before numpy: see edgespec/llama/__init__.py)
 import numpy as np
@@ -115,11 +117,27 @@ def default_threads() -> int:
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
+@functools.cache
+def qmatmul_loaded() -> bool:
+    """Whether llama.cpp's CPU backend here carries edgespec's qmatmul (native/qmatmul, installed
+    by `make`): its Q4_K and Q6_K matmuls read the weights once for a small batch and give each
+    row the bits of a one-token decode. Read from the library's exported kernel entry."""
+    lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(lc.__file__).parent / "lib")
+    for name in ("libggml-cpu.so.0", "libggml-cpu.so", "libggml-cpu.dylib"):
+        if (lib / name).exists():
+            try:
+                return hasattr(ctypes.CDLL(str(lib / name)), "qmm_best_path")
+            except OSError:
+                return False
+    return False
+
+
 def system_info() -> dict:
     """What the installed llama.cpp build can do (for `edgespec doctor`)."""
     ensure_initialized()
     return {
         "llama_cpp_python": lc.__version__,
+        "qmatmul": qmatmul_loaded(),
         "system_info": lc.llama_print_system_info().decode("utf-8", errors="replace").strip(),
         "gpu_offload": bool(lc.llama_supports_gpu_offload()),
         "mmap": bool(lc.llama_supports_mmap()),
