@@ -121,8 +121,15 @@ def test_exact_speculation_equals_plain_bit_for_bit(store):
 
 
 def test_exact_mode_refuses_after_default_kernels_ran(store):
-    """llama.cpp read the tiled-matmul switch at the process's first decode: the probe says so."""
+    """llama.cpp read the tiled-matmul switch at the process's first decode: the probe says so.
+    With edgespec's qmatmul in the CPU backend the target's matmuls never take the tiled kernel,
+    so exact mode holds even then."""
+    from edgespec.llama.backend import qmatmul_loaded
+
     result = _child("late")
+    if qmatmul_loaded():
+        assert result["error"] is None, result
+        return
     assert result["error"] == "NotBatchInvariant", result
     assert "before exact mode set it" in result["message"]
 

@@ -69,4 +69,4 @@ def test_speculative_greedy_with_the_onnx_drafter_equals_plain(model_path):
         model = model or LlamaModel(model_path(TARGET))
         gap = _gap(model, prompt, a.token_ids, b.token_ids, j)
         assert abs(gap) < NEAR_TIE, f"prompt {prompt[:8]}: not a near-tie at {j} (gap {gap:.3f})"
-    assert diverged <= 1
+    assert diverged <= 2  # at most 1 with llama.cpp's stock CPU kernels, 2 with qmatmul: each a near-tie

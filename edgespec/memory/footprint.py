@@ -91,6 +91,8 @@ def repack_eligible(type_name: str, rows: int, features: Iterable[str]) -> bool:
     arm = "NEON" in f and ("DOTPROD" in f or "MATMUL_INT8" in f)
     t = type_name.upper()
     if x86:
+        if t == "Q4_K" and "QMATMUL" in f:  # native/qmatmul multiplies Q4_K as stored
+            return False
         if t in ("Q4_0", "Q4_K", "IQ4_NL", "MXFP4") and rows % 8 == 0:
             return True
         if t == "Q2_K" and "AVX512" in f and rows % 8 == 0:

@@ -105,7 +105,8 @@ def machine() -> MachineInfo:
         physical_cores=int(psutil.cpu_count(logical=False) or os.cpu_count() or 1),
         logical_cores=int(psutil.cpu_count(logical=True) or os.cpu_count() or 1),
         usable_cpus=usable,
-        cpu_features=_features(info.get("system_info", "")),
+        # QMATMUL: the CPU backend carries edgespec's qmatmul, which takes Q4_K unrepacked
+        cpu_features=_features(info.get("system_info", "")) | ({"QMATMUL"} if info.get("qmatmul") else set()),
         gpu_offload=bool(info.get("gpu_offload")),
         gpus=tuple(GPUDevice(d["name"], d.get("description", ""), d["type"], int(d["memory_free"]),
                              int(d["memory_total"])) for d in gpus) if info.get("gpu_offload") else (),

@@ -41,7 +41,7 @@ def _run(*args: str, cwd: Path | None = None) -> str:
 def cache_key(version: str) -> str:
     """A hash of what the built library depends on: the source's version, the kernel and its
     patch, the flags, the compiler, and what -march=native means on this CPU."""
-    h = hashlib.sha256(f"llama-cpp-python {version}\n{os.environ.get('CMAKE_ARGS', '')}\n".encode())
+    h = hashlib.sha256(f"llama-cpp-python {version}\n{' '.join(_cmake_args())}\n".encode())
     for name in KERNEL:
         h.update((HERE / name).read_bytes())
     cc = os.environ.get("CC", "cc")

@@ -62,10 +62,10 @@ def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int
     sizes its context keeps graphs for (ContextParams.graph_sizes: batches padded to them)."""
     st = os.stat(path)
     mode = f"ngl{params.n_gpu_layers}-{'mmap' if params.use_mmap else 'load'}-{'repack' if params.repack else 'norepack'}"
-    if not invariant.tiled_matmul_requested():  # exact mode's 16-row batches cost 2.1x the default's
-        mode += "-notiled"
     if qmatmul_loaded():  # edgespec's CPU matmul: 2 rows cost 1.2x one, against 1.7x stock
         mode += "-qmm"
+    if not invariant.tiled_matmul_requested():  # exact mode's 16-row batches cost 2.1x the default's
+        mode += "-notiled"
     # Which batches copy CPU-resident weights to the GPU: every context of a model with GPU
     # layers runs op offload (placements.target_flags; a drafter's likewise), none without.
     if params.n_gpu_layers != 0:  # "w": sizes warmed up and timed after a one-token decode
