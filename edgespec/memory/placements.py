@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 
 from edgespec.errors import InvalidRequest
-from edgespec.llama.backend import ContextParams
+from edgespec.llama.backend import ContextParams, padded_size
 from edgespec.llama.rows import OUTPUT_ARGMAX
 from edgespec.memory.machine import MachineInfo
 
@@ -191,7 +191,7 @@ def graph_sizes(n_gpu_layers: int, n_layer: int, rows: int, gpu_build: bool) -> 
     whole = n_gpu_layers < 0 or n_gpu_layers > n_layer
     if rows < 2 or not (whole and gpu_build and OUTPUT_ARGMAX):
         return ()
-    return tuple(s for s in GRAPH_SIZES if s < rows) + (min((s for s in GRAPH_SIZES if s >= rows), default=rows),)
+    return tuple(s for s in GRAPH_SIZES if s < rows) + (padded_size(rows, GRAPH_SIZES),)
 
 
 # The host output buffer of a context whose greedy picks the backend makes, over its logits

@@ -16,6 +16,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -34,8 +35,8 @@ def _lib_dir() -> Path:
     return Path(spec.origin).parent / "lib"
 
 
-def _run(*args: str, cwd: Path | None = None) -> str:
-    return subprocess.run(args, cwd=cwd, check=True, capture_output=True, text=True).stdout
+def _run(*args: str) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout
 
 
 def cache_key(version: str) -> str:
@@ -92,7 +93,6 @@ def _cmake() -> str:
 
 
 def _cmake_args() -> list[str]:
-    import shlex
     return shlex.split(os.environ.get("CMAKE_ARGS", ""))
 
 
