@@ -511,7 +511,7 @@ stage_graphtiming() {  # where a change of batch shape spends its host time (gra
 
 # Graphs kept by batch size (native/llama_cpp_patches.py) and batches padded to those sizes
 # (edgespec.llama.backend.padded_size), on by default for a drafted target wholly on the GPU:
-# plain, suffix and `auto` with them off (LLAMA_GRAPH_SIZES=0) and on (edgespec's default),
+# plain, suffix and `auto` with them off (LLAMA_GRAPH_SIZES=0), on (the default) or dense (1..9,17..65; ARMS picks),
 # alternating, on the real pair (SETS: which; REPEATS: how many times each), and the GPU's memory
 # in use sampled every 100 ms during each run
 stage_sizes() {
@@ -520,13 +520,17 @@ stage_sizes() {
     for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
     local common=(--limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto)
     for i in $(seq 1 "${REPEATS:-2}"); do
-        for arm in off on; do
+        for arm in ${ARMS:-off on}; do
             for set in ${SETS:-specbench:test code-edit-test}; do
                 name="sizes$arm-$i-gpu-${set/:/-}"
                 [[ -s "$W/results/real-$name.json" ]] && continue
                 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
                     > "$W/results/real-$name.vram" 2>/dev/null & local smi=$!
-                if [[ $arm == off ]]; then ENVS=(LLAMA_GRAPH_SIZES=0); else ENVS=(-u LLAMA_GRAPH_SIZES); fi
+                case $arm in
+                    off) ENVS=(LLAMA_GRAPH_SIZES=0) ;;
+                    dense) ENVS=(LLAMA_GRAPH_SIZES=1,2,3,4,5,6,7,8,9,17,25,33,41,49,57,65) ;;
+                    *) ENVS=(-u LLAMA_GRAPH_SIZES) ;;
+                esac
                 if [[ $set == *:* ]]; then
                     real "$name" 90 --suite "${set%%:*}" --split "${set#*:}" "${common[@]}"
                 else
