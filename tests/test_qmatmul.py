@@ -1,7 +1,8 @@
-"""native/qmatmul: the small-batch Q4_K/Q6_K verification matmul. Compiles the C tests and the
-library with the system C compiler, runs the C tests, and checks through ctypes that each row's
-result has the same bits whatever the batch size (1..64) and the row's place in it, on every
-path this CPU has, and that it is the dot of the blocks as gguf-py dequantizes them."""
+"""native/qmatmul: the small-batch Q4_K/Q6_K verification matmul and the attention beside it.
+Compiles the C tests and the library with the system C compiler, runs the C tests, and checks
+through ctypes that each row's result has the same bits whatever the batch size (1..64) and the
+row's place in it, on every path this CPU has, and that it is the dot of the blocks as gguf-py
+dequantizes them (the attention: softmax attention in numpy)."""
 from __future__ import annotations
 
 import ctypes
@@ -30,7 +31,9 @@ def build(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("qmatmul")
     subprocess.run([CC, *FLAGS, str(SRC / "qmatmul.c"), str(SRC / "test_qmatmul.c"), "-lm",
                     "-o", str(out / "test_qmatmul")], check=True)
-    subprocess.run([CC, *FLAGS, "-shared", "-fPIC", str(SRC / "qmatmul.c"), "-lm",
+    subprocess.run([CC, *FLAGS, str(SRC / "qmatmul.c"), str(SRC / "qattn.c"), str(SRC / "test_qattn.c"), "-lm",
+                    "-o", str(out / "test_qattn")], check=True)
+    subprocess.run([CC, *FLAGS, "-shared", "-fPIC", str(SRC / "qmatmul.c"), str(SRC / "qattn.c"), "-lm",
                     "-o", str(out / "libqmatmul.so")], check=True)
     return out
 
@@ -50,6 +53,59 @@ def test_c_tests_pass(build):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "all passed" in run.stdout
     assert " differ in any bit" in run.stdout and "FAIL" not in run.stdout
+
+
+def test_c_attention_tests_pass(build):
+    run = subprocess.run([str(build / "test_qattn")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all passed" in run.stdout and "FAIL" not in run.stdout
+
+
+class Problem(ctypes.Structure):  # qattn_problem
+    _fields_ = [(n, ctypes.c_int) for n in ("dk", "dv", "n_tokens", "n_head", "n_head_kv", "n_kv")] + [
+        ("scale", ctypes.c_float),
+        *[(n, t) for name in ("q", "k", "v", "mask")
+          for n, t in ((name, ctypes.c_void_p), (name + "_a", ctypes.c_size_t), (name + "_b", ctypes.c_size_t))
+          if not (name == "mask" and n == "mask_b")],
+        ("out", ctypes.c_void_p), ("out_token", ctypes.c_size_t), ("out_head", ctypes.c_size_t)]
+
+
+def attention(lib, path, q, k, v, mask, nth=2) -> np.ndarray:
+    """qattn over q (tokens, heads, d) f32, k/v (kv heads, cells, d) f16, mask (tokens, cells) f16."""
+    n, h, dk = q.shape
+    out = np.full((n, h, v.shape[2]), np.nan, np.float32)
+    p = Problem(dk, v.shape[2], n, h, k.shape[0], k.shape[1], 1 / np.sqrt(dk),
+                q.ctypes.data, *q.strides[:2], k.ctypes.data, k.strides[1], k.strides[0],
+                v.ctypes.data, v.strides[1], v.strides[0], mask.ctypes.data, mask.strides[0],
+                out.ctypes.data, *out.strides[:2])
+    for ith in range(nth):
+        assert lib.qattn_f16(path, ctypes.byref(p), ith, nth) == 0
+    return out
+
+
+@pytest.mark.parametrize("path", [SCALAR, AVX2])
+def test_attention_rows_keep_their_bits_and_match_softmax(lib, path):
+    """Qwen2.5-1.5B's heads (12 query heads on 2 KV heads of 128): the rows of a 9-token batch equal
+    the same tokens computed alone with fewer cells, and softmax attention in float64."""
+    if path == AVX2 and lib.qattn_best_path() != AVX2:
+        pytest.skip("no AVX2 on this CPU")
+    rng = np.random.default_rng(7)
+    n, cells, start = 9, 300, 280
+    q = rng.standard_normal((n, 12, 128)).astype(np.float32)
+    k = rng.uniform(-1, 1, (2, cells, 128)).astype(np.float16)
+    v = rng.uniform(-1, 1, (2, cells, 128)).astype(np.float16)
+    visible = np.arange(cells)[None, :] <= start + np.arange(n)[:, None]
+    mask = np.where(visible, 0, -np.inf).astype(np.float16)
+    batch = attention(lib, path, q, k, v, mask, nth=3)
+    for t in range(n):
+        alone = attention(lib, path, q[t:t + 1].copy(), k[:, :start + t + 1].copy(), v[:, :start + t + 1].copy(),
+                          mask[t:t + 1, :start + t + 1].copy(), nth=1)
+        assert np.array_equal(batch[t], alone[0]), t
+    s = np.einsum("thd,hcd->thc", q.astype(np.float64), np.repeat(k, 6, axis=0).astype(np.float64)) / np.sqrt(128)
+    s = np.where(visible[:, None, :], s, -np.inf)
+    p = np.exp(s - s.max(axis=2, keepdims=True))
+    want = np.einsum("thc,hcd->thd", p / p.sum(axis=2, keepdims=True), np.repeat(v, 6, axis=0).astype(np.float64))
+    assert np.abs(batch - want).max() < 1e-5
 
 
 def weights(rng, qtype, rows: int, k: int) -> np.ndarray:
@@ -131,13 +187,15 @@ def test_llama_cpp_patch_applies_once_and_needs_its_anchors(tmp_path):
         path = tmp_path / patch.path
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text((path.read_text() if path.exists() else "// head\n") + patch.old + "// tail\n")
-    assert mod.apply_all(tmp_path) == ["edgespec-qmatmul.c", "edgespec-qmatmul.h",
-                                       *(p.name for p in mod.PATCHES)]
+    assert mod.apply_all(tmp_path) == [*mod.COPIES.values(), *(p.name for p in mod.PATCHES)]
     assert mod.apply_all(tmp_path) == []
-    copied = (tmp_path / mod.CPU / "edgespec-qmatmul.c").read_text()
+    copied = (tmp_path / mod.CPU / "edgespec-qattn.c").read_text()
     assert '#include "edgespec-qmatmul.h"' in copied and '#include "qmatmul.h"' not in copied
+    assert '#include "edgespec-qattn.h"' in copied and '#include "qattn.h"' not in copied
     cpu = (tmp_path / mod.CPU / "ggml-cpu.c").read_text()
     assert cpu.index("static bool edgespec_qmatmul_forward") < cpu.index("if (edgespec_qmatmul_forward(")
+    ops = (tmp_path / mod.CPU / "ops.cpp").read_text()
+    assert ops.index("static bool edgespec_qattn_forward") < ops.index("if (edgespec_qattn_forward(")
     broken = tmp_path / "broken"
     (broken / mod.CPU).mkdir(parents=True)
     for patch in mod.PATCHES:

@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-KERNEL = ("llama_cpp_qmatmul.py", "qmatmul.c", "qmatmul.h", "install_cpu.py", "../llama_cpp_patches.py")
+KERNEL = ("llama_cpp_qmatmul.py", "qmatmul.c", "qmatmul.h", "qattn.c", "qattn.h", "install_cpu.py",
+          "../llama_cpp_patches.py")
 
 
 def _lib_dir() -> Path:

@@ -31,7 +31,8 @@ SOURCES = Patch(
     "        ggml-cpu/ggml-cpu.c\n        ggml-cpu/ggml-cpu.cpp\n",
     "        ggml-cpu/ggml-cpu.c\n        ggml-cpu/ggml-cpu.cpp\n"
     f"        # {MARK} qmatmul-sources\n"
-    "        ggml-cpu/edgespec-qmatmul.c\n        ggml-cpu/edgespec-qmatmul.h\n",
+    "        ggml-cpu/edgespec-qmatmul.c\n        ggml-cpu/edgespec-qmatmul.h\n"
+    "        ggml-cpu/edgespec-qattn.c\n        ggml-cpu/edgespec-qattn.h\n",
 )
 
 FORWARD_FN = Patch(
@@ -92,8 +93,48 @@ NO_Q4K_REPACK = Patch(
     f"        if (false && ggml_cpu_has_avx2()) {{  // {MARK} qmatmul-no-q4k-repack: qmatmul takes Q4_K\n",
 )
 
-PATCHES = (SOURCES, FORWARD_FN, FORWARD_CALL, NO_Q4K_REPACK)
-COPIES = {"qmatmul.c": "edgespec-qmatmul.c", "qmatmul.h": "edgespec-qmatmul.h"}
+ATTN_HEAD = ("void ggml_compute_forward_flash_attn_ext(\n        const ggml_compute_params * params,\n"
+             "        ggml_tensor * dst) {\n")
+ATTN = Patch(
+    "qattn-forward", f"{CPU}/ops.cpp", ATTN_HEAD,
+    f"// {MARK} qattn-forward\n"
+    "// Flash attention over an f16 cache: every query row in one fixed order whatever the batch\n"
+    "// (native/qmatmul/qattn.h); other types, ALiBi, soft-capping and sinks keep llama.cpp's kernel.\n"
+    "extern \"C\" {\n#include \"edgespec-qattn.h\"\n}\n"
+    "static bool edgespec_qattn_forward(const ggml_compute_params * params, ggml_tensor * dst) {\n"
+    "    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * mask = dst->src[3];\n"
+    "    float scale, max_bias, softcap;\n"
+    "    memcpy(&scale, (const float *) dst->op_params + 0, sizeof(float));\n"
+    "    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));\n"
+    "    memcpy(&softcap, (const float *) dst->op_params + 2, sizeof(float));\n"
+    "    if (params->use_ref || dst->src[4] || max_bias != 0.0f || softcap != 0.0f || q->type != GGML_TYPE_F32 ||\n"
+    "        k->type != GGML_TYPE_F16 || v->type != GGML_TYPE_F16 || q->ne[3] != 1 || k->ne[3] != 1 ||\n"
+    "        v->ne[3] != 1 || q->nb[0] != sizeof(float) || k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2] ||\n"
+    "        (mask && (mask->type != GGML_TYPE_F16 || mask->ne[0] < k->ne[1] || mask->ne[2] != 1 || mask->ne[3] != 1)) ||\n"
+    "        qattn_best_path() == QATTN_SCALAR) {\n"
+    "        return false;\n"
+    "    }\n"
+    "    const qattn_problem p = {\n"
+    "        (int) k->ne[0], (int) v->ne[0], (int) q->ne[1], (int) q->ne[2], (int) k->ne[2], (int) k->ne[1], scale,\n"
+    "        (const float *) q->data, q->nb[1], q->nb[2],\n"
+    "        (const uint16_t *) k->data, k->nb[1], k->nb[2],\n"
+    "        (const uint16_t *) v->data, v->nb[1], v->nb[2],\n"
+    "        mask ? (const uint16_t *) mask->data : nullptr, mask ? mask->nb[1] : 0,\n"
+    "        (float *) dst->data, dst->nb[2], dst->nb[1],\n"
+    "    };\n"
+    "    const int rc = qattn_f16(QATTN_AUTO, &p, params->ith, params->nth);\n"
+    "    GGML_ASSERT(rc != -2 && \"qattn: out of memory\");\n"
+    "    return rc == 0;\n"
+    "}\n\n"
+    + ATTN_HEAD +
+    "    if (edgespec_qattn_forward(params, dst)) {\n"
+    "        return;\n"
+    "    }\n",
+)
+
+PATCHES = (SOURCES, FORWARD_FN, FORWARD_CALL, NO_Q4K_REPACK, ATTN)
+COPIES = {"qmatmul.c": "edgespec-qmatmul.c", "qmatmul.h": "edgespec-qmatmul.h",
+          "qattn.c": "edgespec-qattn.c", "qattn.h": "edgespec-qattn.h"}
 
 
 def apply_all(root: Path) -> list[str]:
@@ -101,7 +142,8 @@ def apply_all(root: Path) -> list[str]:
     rules); the names of those that changed something."""
     changed = []
     for src, dst in COPIES.items():
-        text = (HERE / src).read_text().replace('#include "qmatmul.h"', '#include "edgespec-qmatmul.h"')
+        text = (HERE / src).read_text().replace('#include "qmatmul.h"', '#include "edgespec-qmatmul.h"') \
+            .replace('#include "qattn.h"', '#include "edgespec-qattn.h"')
         target = root / CPU / dst
         if not target.exists() or target.read_text() != text:
             target.write_text(text)

@@ -12,15 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (uint32_t)(rng >> 32);
-}
-static float frnd(void) { return (rnd() >> 8) * (1.f / 16777216.f) * 2.f - 1.f; }
-
-static int failures = 0;
-#define CHECK(c, ...) do { if (!(c)) { failures++; if (failures < 20) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } } while (0)
+#include "test_util.h"
 
 static void fill_q4(qmm_block_q4_K *w, size_t nblocks) {
     for (size_t i = 0; i < nblocks; i++) {
