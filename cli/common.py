@@ -91,16 +91,19 @@ RECHECK_GAP = typer.Option(0.0, "--recheck-gap", min=0.0,
                                 "below this (batch numerics can flip such near-ties); 0: off.")
 EXACT = typer.Option(False, "--exact",
                      help="Greedy speculation returns plain greedy's answer bit for bit: batch-invariant "
-                          "CPU kernels (no weight repacking, flash attention over a q8_0 cache, llama.cpp's "
-                          "tiled matmul off) and chain drafts. The target must run on the CPU; plain "
-                          "decoding is 5-10% slower and a 16-token verification costs about twice as much.")
+                          "CPU kernels, chain drafts, and a check at load. With edgespec's CPU kernels (which "
+                          "`make` installs) these are the default kernels; without them, no weight repacking, "
+                          "flash attention over a q8_0 cache and llama.cpp's tiled matmul off (plain decoding "
+                          "5-10% slower, a 16-token verification about twice the cost). The target must run "
+                          "on the CPU.")
 GREEDY_ON_BACKEND = typer.Option(True, "--backend-greedy/--no-backend-greedy",
                                  help="Plain greedy decoding with the target's output layer on a GPU: the GPU "
                                       "picks each token and only its id comes back (default), or the logits "
                                       "come back and the CPU picks.")
 FLASH_ATTN = typer.Option(None, "--flash-attn/--no-flash-attn",
-                          help="The target's attention kernel (default: off for a target on the CPU with an f16 "
-                               "cache, where it slows multi-token verification at long contexts; else llama.cpp's choice).")
+                          help="The target's attention kernel (default for a target on the CPU: on with edgespec's "
+                               "CPU kernels, whose rows keep their bits in any batch; off without them, where it "
+                               "slows multi-token verification at long contexts. Else llama.cpp's choice).")
 DRAFT_MODEL = typer.Option(None, "--draft-model", help="Drafter model for model/hybrid (default: per target).")
 ONNX_PROVIDER = typer.Option("cpu", "--onnx-provider",
                              help="--draft onnx: onnxruntime execution provider, cpu | cuda | tensorrt | dml | "

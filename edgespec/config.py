@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from edgespec.errors import InvalidRequest
 from edgespec.llama import invariant
+from edgespec.llama.backend import qmatmul_loaded
 from edgespec.llama.kernels import KV_CACHE_TYPES
 from edgespec.memory import placements
 from edgespec.onnx.providers import check_options as check_onnx_options
@@ -106,8 +107,9 @@ class EngineConfig:
         if self.flash_attn is False:
             raise InvalidRequest("exact mode runs flash attention (without it the attention product "
                                  "depends on the batch); drop --no-flash-attn (flash_attn=False)")
-        if self.kv_type not in (None, invariant.KV_TYPE):
-            raise InvalidRequest(f"--exact plans a {invariant.KV_TYPE} KV cache (its attention kernel does not "
+        kv = invariant.kv_type(qmatmul_loaded())
+        if self.kv_type not in (None, kv):
+            raise InvalidRequest(f"--exact plans a {kv} KV cache (its attention kernel does not "
                                  f"depend on the batch); drop --kv-type {self.kv_type}")
         if self.recheck_gap > 0:
             raise InvalidRequest("exact mode computes every verified row as plain decoding does: "

@@ -47,9 +47,12 @@ def _child(*args: str, timeout: int = 600) -> dict:
 # -- settings and refusals (no model) -------------------------------------------------------------
 def test_exact_settings():
     assert invariant.model_params(ModelParams()).repack is False
+    from edgespec.llama.backend import qmatmul_loaded
+
+    kv = "f16" if qmatmul_loaded() else "q8_0"  # edgespec's attention keeps an f16 cache's rows
     c = invariant.context_params(ContextParams())
-    assert (c.flash_attn, c.kv_type, c.op_offload) == (True, "q8_0", False)
-    assert invariant.context_params(ContextParams(kv_type="q4_0")).kv_type == "q8_0"  # the one it plans
+    assert (c.flash_attn, c.kv_type, c.op_offload) == (True, kv, False)
+    assert invariant.context_params(ContextParams(kv_type="q4_0")).kv_type == kv  # the one it plans
 
 
 @pytest.mark.parametrize("options, fragment", [
@@ -135,13 +138,17 @@ def test_exact_mode_refuses_after_default_kernels_ran(store):
 
 
 def test_plan_shows_the_exact_load(store):
-    """`plan --exact` counts the load exact mode makes (no repacked copy, a q8_0 cache, chains)."""
+    """`plan --exact` counts the load exact mode makes (no repacked copy, the cache type it plans,
+    chains)."""
+    from edgespec.llama.backend import qmatmul_loaded
+
     edgespec = Path(sys.executable).with_name("edgespec")
     proc = subprocess.run([str(edgespec), "plan", "-m", TARGET, "--exact", "--json"], check=False, capture_output=True,
                           text=True, timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    assert (plan["repack"], plan["kv_type"], plan["flash_attn"], plan["draft_tree"]) == (False, "q8_0", True, False)
+    kv = invariant.kv_type(qmatmul_loaded())
+    assert (plan["repack"], plan["kv_type"], plan["flash_attn"], plan["draft_tree"]) == (False, kv, True, False)
     refused = subprocess.run([str(edgespec), "plan", "-m", TARGET, "--exact", "--draft-tree"], check=False,
                              capture_output=True,
                              text=True, timeout=120, env=dict(os.environ))

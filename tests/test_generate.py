@@ -36,14 +36,18 @@ def reference(model_path):
     """llama-cpp-python's own high-level Llama per model, loaded once for the module."""
     from llama_cpp import Llama  # the reference implementation, used only by this test
 
+    from edgespec.llama.backend import qmatmul_loaded
+    from edgespec.llama.kernels import default_flash_attn
+
     loaded = {}
 
     def greedy(name: str, prompt: str, n: int) -> str:
         if name not in loaded:
-            # Flash attention as the engine sets it on the CPU (off; see engine._flash_attn):
-            # the two attention kernels round differently and would flip near-ties.
+            # Flash attention as the engine sets it on the CPU (default_flash_attn): the two
+            # attention kernels round differently and would flip near-ties.
+            flash = default_flash_attn(on_gpu=False, qmatmul=qmatmul_loaded())
             loaded[name] = Llama(model_path=str(model_path(name)), n_ctx=512, verbose=False,
-                                 n_threads=2, flash_attn=False)
+                                 n_threads=2, flash_attn=flash)
         llm = loaded[name]
         llm.reset()  # evaluate every prompt in full, as a fresh Llama would
         out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1, repeat_penalty=1.0)

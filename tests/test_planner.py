@@ -255,10 +255,10 @@ def test_exact_plans_repack_the_drafter_but_not_the_target(fp):
     """Exact mode needs the target's kernels batch-invariant, not the drafter's: the drafter keeps
     its repacked kernels (a full load, no second copy), the target is mapped as it is."""
     from edgespec.load.drafter import drafter_model_params
-    from edgespec.load.resolve import EXACT_PLAN
+    from edgespec.load.resolve import exact_plan
 
     t, dr = fp(TARGET), fp(DRAFTER)
-    p = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=cpu_machine(), **EXACT_PLAN)
+    p = planner.make_plan(t, dr, 64 * GiB, None, 2048, machine_info=cpu_machine(), **exact_plan(cpu_machine()))
     assert p.drafter_placement == "cpu" and p.drafter_repack and not p.drafter_use_mmap
     assert drafter_model_params(p).repack
     assert not p.repack and p.use_mmap and not any(x.component == "target repacked weights" for x in p.parts)
@@ -412,13 +412,14 @@ def test_auto_context_is_capped_to_fit(fp):
 
 
 def test_exact_plans_keep_the_target_on_the_cpu(fp):
-    """Exact mode (EXACT_PLAN) on a GPU machine: the drafter may take the GPU, the target not."""
-    from edgespec.load.resolve import EXACT_PLAN
+    """Exact mode (exact_plan) on a GPU machine: the drafter may take the GPU, the target not."""
+    from edgespec.load.resolve import exact_plan
 
     t, dr = fp(TARGET), fp(DRAFTER)
     free = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB))
     assert free.n_gpu_layers > 0  # without it the target goes to the GPU
-    p = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB), **EXACT_PLAN)
+    p = planner.make_plan(t, dr, 8 * GiB, None, 4096, machine_info=gpu_machine(16 * GiB),
+                          **exact_plan(gpu_machine(16 * GiB)))
     assert p.placement in ("draft-gpu", "cpu") and p.n_gpu_layers == 0
     assert (p.repack, p.kv_type, p.flash_attn) == (False, "q8_0", True)
 

@@ -119,14 +119,16 @@ def default_threads() -> int:
 
 @functools.cache
 def qmatmul_loaded() -> bool:
-    """Whether llama.cpp's CPU backend here carries edgespec's qmatmul (native/qmatmul, installed
-    by `make`): its Q4_K and Q6_K matmuls read the weights once for a small batch and give each
-    row the bits of a one-token decode. Read from the library's exported kernel entry."""
+    """Whether llama.cpp's CPU backend here carries edgespec's kernels (native/qmatmul, installed
+    by `make`): its Q4_K and Q6_K matmuls read the weights once for a small batch, and with flash
+    attention over an f16 cache every row of a batch has the bits of a one-token decode. Read from
+    the library's exported kernel entries."""
     lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(lc.__file__).parent / "lib")
     for name in ("libggml-cpu.so.0", "libggml-cpu.so", "libggml-cpu.dylib"):
         if (lib / name).exists():
             try:
-                return hasattr(ctypes.CDLL(str(lib / name)), "qmm_best_path")
+                found = ctypes.CDLL(str(lib / name))
+                return hasattr(found, "qmm_best_path") and hasattr(found, "qattn_f16")
             except OSError:
                 return False
     return False

@@ -31,12 +31,16 @@ from dataclasses import replace
 import numpy as np
 
 from edgespec.errors import BackendError
-from edgespec.llama.backend import ContextParams, LlamaContext, ModelParams
+from edgespec.llama.backend import ContextParams, LlamaContext, ModelParams, qmatmul_loaded
 
 TILED_MM_ENV = "GGML_CPU_TILED_MM"
-# The one cache type of exact mode (the planner plans it: edgespec.load.resolve.EXACT_PLAN):
-# an f16 cache splits one-token decodes across threads.
-KV_TYPE = "q8_0"
+def kv_type(qmatmul: bool) -> str:
+    """The cache type of exact mode (the planner plans it: edgespec.load.resolve.exact_plan): f16
+    with edgespec's kernels (qmatmul: backend.qmatmul_loaded), whose attention over it keeps a
+    row's bits; else q8_0, since llama.cpp splits an f16 cache across threads for one-token
+    decodes."""
+    return "f16" if qmatmul else "q8_0"
+
 PROBE_TEXT = "def mean(values):\n    total = sum(values)\n    return total / len(values)\n\nprint(mean([1, 2, 3]))\n"
 PROBE_HEAD = 4   # tokens decoded before the probed rows
 # The tiled matmul's threshold (8 rows); even, since ARM's two-row int8 kernels need an even
@@ -68,9 +72,9 @@ def model_params(p: ModelParams) -> ModelParams:
 
 
 def context_params(p: ContextParams) -> ContextParams:
-    """``p`` with flash attention over a KV_TYPE cache, and batches kept on the CPU (op offload
-    would multiply them on a GPU)."""
-    return replace(p, flash_attn=True, kv_type=KV_TYPE, op_offload=False)
+    """``p`` with flash attention over exact mode's cache type, and batches kept on the CPU (op
+    offload would multiply them on a GPU)."""
+    return replace(p, flash_attn=True, kv_type=kv_type(qmatmul_loaded()), op_offload=False)
 
 
 def deviation(ctx: LlamaContext, seq: int = 0) -> float:

@@ -72,10 +72,14 @@ KV_CACHE_TYPES = {
 }
 
 
-def default_flash_attn(on_gpu: bool, kv_type: str = "f16") -> bool | None:
+def default_flash_attn(on_gpu: bool, kv_type: str = "f16", qmatmul: bool = False) -> bool | None:
     """The attention kernel a context gets when the user does not choose.
 
-    On the CPU, llama.cpp's flash-attention kernel is slower for the multi-token batches that
+    On the CPU with edgespec's kernels (``qmatmul``: backend.qmatmul_loaded), flash attention is
+    on: its f16 path is native/qmatmul/qattn.c, whose rows have a one-token decode's bits in any
+    batch, and which verified 2- to 32-token batches of the 1.5B target as fast as llama.cpp's
+    attention without flash attention at depths 100-1100 (2-core AMD EPYC VM).
+    Otherwise, on the CPU, llama.cpp's flash-attention kernel is slower for the multi-token batches that
     verification sends once the context is long: `llama-bench -p 1,2,4,8,16,32,64 -d
     128,512,1024,2048 -fa 0,1` of the 1.5B target (2-core AVX-512 VM) puts 4- to 32-token
     batches 4-29% slower with it at depth 1024 and 14-32% at 2048; at depth 128 every size is
@@ -84,7 +88,7 @@ def default_flash_attn(on_gpu: bool, kv_type: str = "f16") -> bool | None:
     A quantized V cache needs it (llama.cpp refuses the context otherwise). GPUs keep
     llama.cpp's own choice (None: on where the device supports it).
     """
-    if kv_type != "f16":
+    if kv_type != "f16" or (qmatmul and not on_gpu):
         return True
     return None if on_gpu else False
 

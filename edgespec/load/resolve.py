@@ -31,8 +31,10 @@ from edgespec.memory.filebacked import RELEASE_MARGIN
 from edgespec.memory.footprint import ModelFootprint, footprint_of
 from edgespec.memory.machine import MachineInfo
 
-# What exact mode (edgespec.llama.invariant) forces on a plan: flash attention follows the cache.
-EXACT_PLAN = {"target_repack": False, "kv_type": invariant.KV_TYPE, "cpu_target": True}
+def exact_plan(m: MachineInfo) -> dict:
+    """What exact mode (edgespec.llama.invariant) forces on a plan for ``m``: flash attention
+    follows the cache."""
+    return {"target_repack": False, "kv_type": invariant.kv_type("QMATMUL" in m.cpu_features), "cpu_target": True}
 
 
 def resolve(config: EngineConfig, machine: MachineInfo, store: ModelStore, *,
@@ -72,7 +74,7 @@ def _as_asked(config: EngineConfig, path: Path, target: ModelFile, m: MachineInf
     model = ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=use_mmap, use_mlock=config.use_mlock)
     kv_type = config.kv_type or "f16"
     flash = config.flash_attn if config.flash_attn is not None else \
-        default_flash_attn(on_gpu=config.n_gpu_layers != 0, kv_type=kv_type)
+        default_flash_attn(on_gpu=config.n_gpu_layers != 0, kv_type=kv_type, qmatmul="QMATMUL" in m.cpu_features)
     # one sequence per root-to-leaf path of a draft, plus the main one
     n_seq = config.n_seq_max or 1 + (shape.draft_max if config.draft is not None else 0)
     context = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq, kv_type=kv_type,
@@ -118,7 +120,7 @@ def _plan(config: EngineConfig, target: ModelFootprint, drafters: _Drafters, dra
     kind = drafters.kind
     options = dict(kv_type=config.kv_type, draft_tree=config.draft_tree)
     if config.exact:  # EngineConfig refused a cache type or trees exact mode cannot keep
-        options.update(EXACT_PLAN, draft_tree=False)
+        options.update(exact_plan(m), draft_tree=False)
     return planner.make_plan(target, drafter, ram_budget=config.ram_budget, vram_budget=config.vram_budget,
                              n_ctx=config.n_ctx, machine_info=m, suffix=suffix, draft_max=config.draft_max,
                              long_drafts=config.draft == "auto", threads=config.n_threads,

@@ -241,7 +241,7 @@ class Evaluator:
         if self.force_flash_attn is not None:
             return self.force_flash_attn
         on_gpu = cfg.resident and cfg.mode.target != "cpu"
-        return resolved_flash_attn(default_flash_attn(on_gpu, cfg.kv_type))
+        return resolved_flash_attn(default_flash_attn(on_gpu, cfg.kv_type, "QMATMUL" in self.feats))
 
     def _target_ctx(self, cfg: Candidate) -> ContextFootprint:
         drafting = self._drafting(cfg)
