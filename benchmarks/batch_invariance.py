@@ -4,8 +4,8 @@ the batch-invariant ones cost (edgespec.llama.invariant, `--exact`).
 For each setting, in a process of its own (llama.cpp reads GGML_CPU_TILED_MM once per process):
 decode a real text's first L tokens, then its next 64 tokens in batches of n (n = 1: one at a
 time) with every row's logits, and report the largest |logit| difference of each n against
-n = 1; for the settings in TIMED, the cost of an n-token batch after 512 tokens of context
-(min of 3, as edgespec.drafters.auto.calibrate times it).
+n = 1; for the settings in TIMED, the cost of an n-token batch after 512 and 1024 tokens of
+context (min of 3, as edgespec.drafters.auto.calibrate times it).
 
     flock /tmp/edgespec-bench.lock .venv/bin/python benchmarks/batch_invariance.py \
         --json benchmarks/results/batch-invariance.json --markdown benchmarks/results/batch-invariance.md
@@ -23,6 +23,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "edgespec" / "decode" / "sequence
 CONTEXTS = (150, 1000)
 BATCHES = (2, 4, 8, 16, 64)
 TIMED_SIZES = (1, 2, 4, 8, 16, 32, 64)
+TIMED_DEPTHS = (512, 1024)
 # name: (repack, flash attention, KV cache type, tiled matmul)
 SETTINGS = {
     "default (repacked, no flash attention)": (True, False, "f16", True),
@@ -32,7 +33,8 @@ SETTINGS = {
     "repacked, flash attention, q8_0 cache, tiled off": (True, True, "q8_0", False),
     "exact: no repacking, flash attention, q8_0 cache, tiled off": (False, True, "q8_0", False),
 }
-TIMED = ("default (repacked, no flash attention)", "exact: no repacking, flash attention, q8_0 cache, tiled off")
+TIMED = ("default (repacked, no flash attention)", "repacked, flash attention, f16 cache (--flash-attn)",
+         "exact: no repacking, flash attention, q8_0 cache, tiled off")
 
 
 def child(repack: bool, fa: bool, kv: str, timed: bool, model: str) -> dict:
@@ -67,9 +69,13 @@ def child(repack: bool, fa: bool, kv: str, timed: bool, model: str) -> dict:
             ctx.seq_rm(0, -1, -1)
         if timed:
             token = m.tokenize(" the", add_special=False)[0]
-            fill_context(ctx, 0, token, 0, 512)
-            time_batch(ctx, 1, 0, token, 512)  # warm-up
-            out["cost_ms"] = {n: 1e3 * time_batch(ctx, n, 0, token, 512, repeats=3, reduce=min) for n in TIMED_SIZES}
+            filled = 0
+            for depth in TIMED_DEPTHS:
+                fill_context(ctx, 0, token, filled, depth)
+                filled = depth
+                time_batch(ctx, 1, 0, token, depth)  # warm-up
+                out["cost_ms"][depth] = {n: 1e3 * time_batch(ctx, n, 0, token, depth, repeats=3, reduce=min)
+                                         for n in TIMED_SIZES}
     finally:
         ctx.close()
         m.close()
@@ -99,10 +105,13 @@ def markdown(results: dict, command: str) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     timed = [t for t in TIMED if t in results]
     if timed:
-        lines += ["", "ms for an n-token batch after 512 tokens of context (min of 3):", "",
-                  "| setting | " + " | ".join(f"n={n}" for n in TIMED_SIZES) + " |", "|---|" + "---|" * len(TIMED_SIZES)]
+        lines += ["", "ms for an n-token batch after L tokens of context (min of 3):", "",
+                  "| setting | L | " + " | ".join(f"n={n}" for n in TIMED_SIZES) + " |",
+                  "|---|---|" + "---|" * len(TIMED_SIZES)]
     for name in timed:
-        lines.append(f"| {name} | " + " | ".join(f"{results[name]['cost_ms'][str(n)]:.1f}" for n in TIMED_SIZES) + " |")
+        for depth in TIMED_DEPTHS:
+            cost = results[name]["cost_ms"][str(depth)]
+            lines.append(f"| {name} | {depth} | " + " | ".join(f"{cost[str(n)]:.1f}" for n in TIMED_SIZES) + " |")
     return "\n".join(lines) + "\n"
 
 
