@@ -106,9 +106,9 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     lc = d["llama_cpp"]
     t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, GPU offload: "
               f"{'yes' if lc['gpu_offload'] else 'no (CPU-only build)'}, mmap: {lc['mmap']}, mlock: {lc['mlock']}")
-    t.add_row("  CPU matmul", "edgespec's qmatmul for Q4_K/Q6_K: a small batch reads the weights once, and each row "
-              "has a one-token decode's bits" if lc["qmatmul"] else "llama.cpp's stock kernels (`make install` "
-              "puts edgespec's qmatmul in a CPU build)")
+    t.add_row("  CPU kernels", "edgespec's Q4_K/Q6_K matmul and f16 flash attention: a small batch reads the "
+              "weights once, and each row has a one-token decode's bits" if lc["qmatmul"] else "llama.cpp's stock "
+              "kernels (`make install` puts edgespec's in a CPU build)")
     for dev in lc["devices"]:
         t.add_row("  device", f"{dev['name']} ({dev['type']}): {dev['description']}, "
                   f"{human_bytes(dev['memory_free'])} free of {human_bytes(dev['memory_total'])}")
