@@ -31,8 +31,9 @@ class EngineConfig:
     n_gpu_layers: int = 0
     use_mmap: bool = True
     use_mlock: bool = False
-    # None: off when the target runs on the CPU with an f16 cache, else llama.cpp's choice
-    # (edgespec.llama.kernels.default_flash_attn); planned loads plan the kernel given.
+    # None: for a target on the CPU with an f16 cache, on with edgespec's kernels and off without
+    # them, else llama.cpp's choice (edgespec.llama.kernels.default_flash_attn); planned loads
+    # plan the kernel given.
     flash_attn: bool | None = None
     # The KV cache type (edgespec.llama.kernels.KV_CACHE_TYPES); None: f16, or the planner's choice.
     kv_type: str | None = None

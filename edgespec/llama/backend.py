@@ -117,18 +117,23 @@ def default_threads() -> int:
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
+SCALAR_PATH = 1  # QMM_SCALAR, QATTN_SCALAR (native/qmatmul): the path the patches never take
+
+
 @functools.cache
 def qmatmul_loaded() -> bool:
     """Whether llama.cpp's CPU backend here carries edgespec's kernels (native/qmatmul, installed
-    by `make`): its Q4_K and Q6_K matmuls read the weights once for a small batch, and with flash
-    attention over an f16 cache every row of a batch has the bits of a one-token decode. Read from
-    the library's exported kernel entries."""
+    by `make`) and takes them on this CPU: its Q4_K and Q6_K matmuls read the weights once for a
+    small batch, and with flash attention over an f16 cache every row of a batch has the bits of
+    a one-token decode. Read from the library's exported kernel entries."""
     lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(lc.__file__).parent / "lib")
     for name in ("libggml-cpu.so.0", "libggml-cpu.so", "libggml-cpu.dylib"):
         if (lib / name).exists():
             try:
                 found = ctypes.CDLL(str(lib / name))
-                return hasattr(found, "qmm_best_path") and hasattr(found, "qattn_f16")
+                # present and taken: on a CPU without AVX2 the patches leave llama.cpp's kernels
+                return (hasattr(found, "qmm_best_path") and hasattr(found, "qattn_best_path")
+                        and found.qmm_best_path() != SCALAR_PATH and found.qattn_best_path() != SCALAR_PATH)
             except OSError:
                 return False
     return False

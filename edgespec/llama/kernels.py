@@ -77,8 +77,9 @@ def default_flash_attn(on_gpu: bool, kv_type: str = "f16", qmatmul: bool = False
 
     On the CPU with edgespec's kernels (``qmatmul``: backend.qmatmul_loaded), flash attention is
     on: its f16 path is native/qmatmul/qattn.c, whose rows have a one-token decode's bits in any
-    batch, and which verified 2- to 32-token batches of the 1.5B target as fast as llama.cpp's
-    attention without flash attention at depths 100-1100 (2-core AMD EPYC VM).
+    batch. With it, `auto` ran 28.4 and 19.9 tok/s on held-out code edits and Spec-Bench against
+    28.5 and 20.3 with llama.cpp's attention without flash attention (2-core AMD EPYC VM, the
+    1.5B target; a 16- to 64-token batch alone cost up to 15% more at 1024 tokens of context).
     Otherwise, on the CPU, llama.cpp's flash-attention kernel is slower for the multi-token batches that
     verification sends once the context is long: `llama-bench -p 1,2,4,8,16,32,64 -d
     128,512,1024,2048 -fa 0,1` of the 1.5B target (2-core AVX-512 VM) puts 4- to 32-token

@@ -12,8 +12,9 @@
  * one-token decode) cannot change it. The scalar path is that definition written out, the tests'
  * oracle; the AVX2 path equals it bit for bit.
  *
- * Build with -ffp-contract=off (the default for ISO C): a compiler-fused multiply-add would change
- * the scalar bits. */
+ * Build the tests with -ffp-contract=off: a compiler-fused multiply-add would change the scalar
+ * bits. ggml builds as gnu11, where GCC fuses by default; only the AVX2 path runs there (the
+ * patch keeps llama.cpp's kernel on CPUs without it), and no multiply in it feeds an add. */
 #include "qattn.h"
 #include "qmatmul.h"
 
@@ -40,6 +41,7 @@ static const float EXP_P[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E
                                4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
 
 static float exp_ref(float x) {
+    if (x != x) return x;  /* NaN: a broken score stays visible, as in the AVX2 path */
     x = x < EXP_LO ? EXP_LO : (x > EXP_HI ? EXP_HI : x);
     const float n = nearbyintf(x * LOG2E);
     float r = fmaf(n, -LN2_HI, x);
@@ -144,7 +146,8 @@ AVX2_T static void exps_avx2(const float *s, float m, float *p) {
     const __m256 mv = _mm256_set1_ps(m);
     for (int c = 0; c < C; c += 8) {
         __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + c), mv);
-        x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+        /* operands in this order: min/max return the second one when unordered, so NaN stays NaN */
+        x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), x));
         const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);

@@ -139,6 +139,14 @@ int main(void) {
     test_case(64, 64, 9, 3, 300, 40, 200);      /* SmolLM2's */
     test_case(256, 256, 4, 1, 97, 20, 0);       /* Gemma 3's head size, a cache under one block */
     test_case(72, 40, 6, 6, 130, 17, 100);      /* no GQA; head sizes not a multiple of 32 */
+    /* a NaN in a visible key cell stays visible on every path, as in llama.cpp's kernel */
+    case_t nan_case = make_case(8, 8, 1, 1, 40, 1, 30);
+    nan_case.k[5 * 8 + 2] = 0x7e00;
+    for (int path = QATTN_SCALAR; path <= qattn_best_path(); path++) {
+        float out[8];
+        CHECK(run(&nan_case, path, 0, 1, 40, 1, out) == 0 && isnan(out[0]), "path %d: NaN score hidden", path);
+    }
+    free_case(&nan_case);
     qattn_problem bad = {.dk = 100, .dv = 128, .n_tokens = 1, .n_head = 1, .n_head_kv = 1};
     CHECK(qattn_f16(QATTN_AUTO, &bad, 0, 1) == -1, "dk %% 8 refused");
     bad.dk = 512;
