@@ -61,12 +61,13 @@ def test_c_attention_tests_pass(build):
     assert "all passed" in run.stdout and "FAIL" not in run.stdout
 
 
-class Problem(ctypes.Structure):  # qattn_problem
+class Problem(ctypes.Structure):  # qattn_problem (native/qmatmul/qattn.h)
     _fields_ = [(n, ctypes.c_int) for n in ("dk", "dv", "n_tokens", "n_head", "n_head_kv", "n_kv")] + [
         ("scale", ctypes.c_float),
-        *[(n, t) for name in ("q", "k", "v", "mask")
-          for n, t in ((name, ctypes.c_void_p), (name + "_a", ctypes.c_size_t), (name + "_b", ctypes.c_size_t))
-          if not (name == "mask" and n == "mask_b")],
+        ("q", ctypes.c_void_p), ("q_token", ctypes.c_size_t), ("q_head", ctypes.c_size_t),
+        ("k", ctypes.c_void_p), ("k_cell", ctypes.c_size_t), ("k_head", ctypes.c_size_t),
+        ("v", ctypes.c_void_p), ("v_cell", ctypes.c_size_t), ("v_head", ctypes.c_size_t),
+        ("mask", ctypes.c_void_p), ("mask_token", ctypes.c_size_t),
         ("out", ctypes.c_void_p), ("out_token", ctypes.c_size_t), ("out_head", ctypes.c_size_t)]
 
 

@@ -34,6 +34,8 @@ from edgespec.errors import BackendError
 from edgespec.llama.backend import ContextParams, LlamaContext, ModelParams, qmatmul_loaded
 
 TILED_MM_ENV = "GGML_CPU_TILED_MM"
+
+
 def kv_type(qmatmul: bool) -> str:
     """The cache type of exact mode (the planner plans it: edgespec.load.resolve.exact_plan): f16
     with edgespec's kernels (qmatmul: backend.qmatmul_loaded), whose attention over it keeps a

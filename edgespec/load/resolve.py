@@ -31,6 +31,7 @@ from edgespec.memory.filebacked import RELEASE_MARGIN
 from edgespec.memory.footprint import ModelFootprint, footprint_of
 from edgespec.memory.machine import MachineInfo
 
+
 def exact_plan(m: MachineInfo) -> dict:
     """What exact mode (edgespec.llama.invariant) forces on a plan for ``m``: flash attention
     follows the cache."""

@@ -183,6 +183,11 @@ class Candidate:
     def mode(self) -> placements.PlacementMode:
         return placements.MODES[self.placement]
 
+    @property
+    def target_on_gpu(self) -> bool:
+        """Whether the target's attention runs on a GPU (the attention kernel's default follows)."""
+        return self.resident and self.mode.target != "cpu"
+
 
 @dataclass
 class Evaluation:
@@ -240,8 +245,7 @@ class Evaluator:
         """The attention kernel the engine will build for this candidate (asked, not copied)."""
         if self.force_flash_attn is not None:
             return self.force_flash_attn
-        on_gpu = cfg.resident and cfg.mode.target != "cpu"
-        return resolved_flash_attn(default_flash_attn(on_gpu, cfg.kv_type, "QMATMUL" in self.feats))
+        return resolved_flash_attn(default_flash_attn(cfg.target_on_gpu, cfg.kv_type, "QMATMUL" in self.feats))
 
     def _target_ctx(self, cfg: Candidate) -> ContextFootprint:
         drafting = self._drafting(cfg)

@@ -225,7 +225,7 @@ def _context(c: _Context, n_ctx: int | None) -> list[Decision]:
         why = "requested"
     elif tc.flash_attn and cfg.kv_type != "f16":
         why = "required by the quantized V cache"
-    elif tc.flash_attn and not (cfg.resident and cfg.mode.target != "cpu"):
+    elif tc.flash_attn and not cfg.target_on_gpu:
         why = "edgespec's CPU attention: a verified row keeps a one-token decode's bits"
     elif tc.flash_attn:
         why = "llama.cpp's default on GPUs"

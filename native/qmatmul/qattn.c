@@ -69,7 +69,7 @@ static float dot_ref(const float *q, const float *k, int d) {
     return hsum8_ref(a);
 }
 
-/* The row's scores of one block: s[c] for the visible cells (bit c of vis) of kb. */
+/* One path's steps of the definition; vis: bit c set for each visible cell c of a block. */
 typedef struct {
     void (*convert)(const uint16_t *src, size_t stride, int n, int d, float *dst);
     void (*dots)(const float *q, const float *kb, int dk, float *s);          /* all C cells */
@@ -293,15 +293,9 @@ static void grid(const qattn_problem *p, int nth, int *hb, int *tb, int *units) 
     }
 }
 
+/* AVX2 needs what qmatmul's SIMD paths need (AVX2, FMA, F16C): its dispatch answers for both. */
 static int have(int path) {
-    switch (path) {
-    case QATTN_SCALAR: return 1;
-#ifdef QATTN_X86
-    case QATTN_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#endif
-    default: return 0;
-    }
+    return path == QATTN_SCALAR || (path == QATTN_AVX2 && qmm_best_path() != QMM_SCALAR);
 }
 
 int qattn_best_path(void) {
