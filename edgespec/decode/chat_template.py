@@ -45,6 +45,10 @@ BASE_CHARS = 1 << 20  # any string, list or output: this plus 4 x the messages' 
 MEMORY_BYTES = 256 << 20  # resident memory the process may gain during one render
 _MEMORY_EVERY = 64  # line events between two memory checks (one costs about 7 us)
 _TEMPLATE_FILE = "<template>"  # the file name jinja gives code compiled by from_string
+# Nested calls of the template's own code (macros) a render may hold at once. Python's own limit
+# came first otherwise, at a depth that depends on the caller's stack, and a RecursionError raised
+# inside the trace hook surfaced as an unrelated TypeError.
+MAX_TEMPLATE_DEPTH = 100
 # A width or precision of a million or more in a %-format or a str.format field.
 _WIDE_FORMAT = re.compile(r"%[-#0 +]*(\d*\.)?\d{7,}|\{[^{}]*:[^{}]*\d{7,}")
 
@@ -100,6 +104,7 @@ class _Render:
         self.deadline = time.monotonic() + RENDER_SECONDS
         self._rss0 = _rss()
         self._events = 0
+        self._depth = 0  # template frames entered and not yet left
 
     def size(self, n: int, what: str) -> None:
         if n > self.max_chars:
@@ -110,13 +115,20 @@ class _Render:
         template's own code, where jinja compiles its loops (line events for every frame made
         rendering the real templates 13x slower; for the template's only, 5x: +0.5 ms)."""
         self._check_deadline()
-        return self._line if frame.f_code.co_filename == _TEMPLATE_FILE else None
+        if frame.f_code.co_filename != _TEMPLATE_FILE:
+            return None
+        self._depth += 1
+        if self._depth > MAX_TEMPLATE_DEPTH:
+            raise _Bound(f"it recursed too deeply ({MAX_TEMPLATE_DEPTH} nested calls)")
+        return self._line
 
     def _check_deadline(self) -> None:
         if time.monotonic() > self.deadline:
             raise _Bound(f"it ran past the {RENDER_SECONDS:g} s render bound")
 
     def _line(self, frame, event, arg):
+        if event == "return":  # a frame left, or a generator paused (its resumption is a call)
+            self._depth -= 1
         self._check_deadline()
         self._events += 1
         if self._events % _MEMORY_EVERY == 0:
