@@ -42,9 +42,11 @@ class DraftTree:
         n = len(self.tokens)
         if len(self.parents) != n:
             raise ValueError("tokens and parents differ in length")
-        for i, p in enumerate(self.parents):
-            if not -1 <= p < i:
-                raise ValueError(f"node {i}: parent {p} must be in [-1, {i})")
+        parents = np.asarray(self.parents)
+        bad = np.flatnonzero((parents < -1) | (parents >= np.arange(n)))  # one pass: trees of 63 nodes each step
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"node {i}: parent {parents[i]} must be in [-1, {i})")
         if (self.q_ids is None) != (self.q_probs is None):
             raise ValueError("q_ids and q_probs go together")
         if self.q_ids is not None and (len(self.q_ids) != n or len(self.q_probs) != n):

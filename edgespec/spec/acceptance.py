@@ -63,8 +63,8 @@ class Acceptance:
 def _children_lists(draft: DraftTree) -> dict[int, list[int]]:
     """node (-1 = root) -> its children in drawing order, built in one pass."""
     kids: dict[int, list[int]] = {}
-    for i, parent in enumerate(draft.parents):
-        kids.setdefault(int(parent), []).append(i)
+    for i, parent in enumerate(draft.parents.tolist()):
+        kids.setdefault(parent, []).append(i)
     return kids
 
 
@@ -80,12 +80,12 @@ def accept_greedy(draft: DraftTree, target_argmax: np.ndarray) -> Acceptance:
         argmax at the last accepted node's row. Among siblings with the same token the first
         in drawing order wins.
     """
-    kids = _children_lists(draft)
+    kids, tokens = _children_lists(draft), draft.tokens.tolist()
     path: list[int] = []
     node, row = -1, 0
     while True:
         want = int(target_argmax[row])
-        nxt = next((c for c in kids.get(node, ()) if int(draft.tokens[c]) == want), None)
+        nxt = next((c for c in kids.get(node, ()) if tokens[c] == want), None)
         if nxt is None:
             return Acceptance(tuple(path), want)
         path.append(nxt)
