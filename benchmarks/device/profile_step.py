@@ -7,7 +7,11 @@ For plain decoding and for speculation (suffix by default) on held-out prompts (
 default), with greedy picks on the GPU and without, the time per step split into:
 llama_decode plus the wait for its kernels (``decode``), reading rows (``rows``: logits copies and
 argmax, or the sampled token ids), the drafter's ``propose`` (auto's whole choice), its
-``observe`` (what a step teaches it), and the rest (Python of the step, acceptance, output). The profile synchronises after each decode so that kernel time lands in
+``observe`` (what a step teaches it), filling the batch (``batch``), keeping the accepted path
+in the cache (``commit``), the output's text and stop checks (``output``), and the rest (the
+step's Python, acceptance). ``begin_ms_per_request``: the request's start (the suffix index
+taking the prompt), beside the prefill; what of it the prefill did not hide is in the rest.
+The profile synchronises after each decode so that kernel time lands in
 ``decode``; without it the wait would hide in the first row read.
 """
 from __future__ import annotations
@@ -19,12 +23,16 @@ from collections import defaultdict
 
 from edgespec.bench.prompts import load_suite, select
 from edgespec.decode.loop import Decoder
+from edgespec.decode.output import OutputStream
+from edgespec.decode.sequence import KVSequence
+from edgespec.llama.batch import Batch
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.engine import Engine, EngineConfig
 from edgespec.llama import backend, rows
 
 TOKENS = 256
+PARTS = ("decode", "rows", "propose", "observe", "batch", "commit", "output")
 clock = defaultdict(float)
 counts = defaultdict(int)
 
@@ -65,9 +73,11 @@ def profile(engine: Engine, prompts, draft: bool) -> dict:
            "tok_per_s": tokens / total, "ms_per_step": 1e3 * total / steps,
            "decode_ms_per_step": 1e3 * decode / steps, "rows_ms_per_step": 1e3 * clock["rows"] / steps,
            "propose_ms_per_step": 1e3 * clock["propose"] / steps,
-           "observe_ms_per_step": 1e3 * clock["observe"] / steps}
-    out["other_ms_per_step"] = out["ms_per_step"] - out["decode_ms_per_step"] - out["rows_ms_per_step"] \
-        - out["propose_ms_per_step"] - out["observe_ms_per_step"]
+           "observe_ms_per_step": 1e3 * clock["observe"] / steps,
+           "batch_ms_per_step": 1e3 * clock["batch"] / steps, "commit_ms_per_step": 1e3 * clock["commit"] / steps,
+           "output_ms_per_step": 1e3 * clock["output"] / steps,
+           "begin_ms_per_request": 1e3 * clock["begin"] / len(prompts)}
+    out["other_ms_per_step"] = out["ms_per_step"] - sum(out[f"{k}_ms_per_step"] for k in PARTS)
     return out
 
 
@@ -90,6 +100,10 @@ def main() -> None:
     timed(backend.lc, "llama_decode", "decode", sync=lc.llama_synchronize)
     for name in ("__call__", "greedy"):
         timed(rows.Rows, name, "rows")
+    for name in ("fill", "pad"):
+        timed(Batch, name, "batch")
+    timed(KVSequence, "_commit", "commit")
+    timed(OutputStream, "push", "output")
     wanted = set(filter(None, a.categories.split(",")))
     suite = [p for p in load_suite(a.suite) if not wanted or p.category in wanted]
     prompts = select(suite, a.limit, "test")
@@ -101,6 +115,7 @@ def main() -> None:
         with Engine(config) as engine:
             timed(engine.drafter, "propose", "propose")
             timed(engine.drafter, "observe", "observe")
+            timed(engine.decoder.step, "begin", "begin")
             if not a.no_warm:
                 profile(engine, warm, True)  # warm-up: graphs, caches
             for draft in (False, True):

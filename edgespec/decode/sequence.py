@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 
@@ -138,8 +138,15 @@ class KVSequence:
 
 @functools.cache
 def _worker() -> ThreadPoolExecutor:
-    """The one thread that runs verifications beside drafting, started on first use."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-verify")
+    """The one thread that runs work beside the caller's (a verification beside drafting, a
+    request's start beside its prefill), started on first use."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-beside")
+
+
+def start_beside(work: Callable[[], T]) -> Future:
+    """Starts ``work()`` in the worker thread; the caller waits for the future's result before
+    it touches anything ``work`` does."""
+    return _worker().submit(work)
 
 
 def run_beside(work: Callable[[], T], alongside: Callable[[], None]) -> T:
@@ -148,7 +155,7 @@ def run_beside(work: Callable[[], T], alongside: Callable[[], None]) -> T:
     Returns (or raises) only once both are done, so that no caller touches a context that is
     still decoding; ``work``'s exception wins over ``alongside``'s.
     """
-    future = _worker().submit(work)
+    future = start_beside(work)
     try:
         alongside()
     finally:

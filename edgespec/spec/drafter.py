@@ -19,7 +19,8 @@ class Drafter(Protocol):
     name: str
 
     def begin(self, prompt: Sequence[int], sampling=None, rng=None) -> None:
-        """Starts a request whose context is ``prompt``.
+        """Starts a request whose context is ``prompt``. It runs in another thread, beside the
+        target's prefill of the prompt.
 
         ``sampling`` (SamplingParams) and ``rng`` (numpy Generator) are the request's: a
         drafter that samples must draw with ``rng`` and record its distributions.

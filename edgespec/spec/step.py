@@ -109,12 +109,13 @@ class SpeculativeStep:
         self._stats = SpecStats(mode=drafter.name)
         self._ready: tuple[list[int], DraftTree] | None = None  # (context, draft) drafted ahead
 
-    def begin(self, prompt: Sequence[int], first: int, params: SamplingParams,
-              rng: np.random.Generator) -> None:
+    def begin(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         self._params, self._rng = params, rng
         self._stats = SpecStats(mode=self.drafter.name)
         self._ready = None
         self.drafter.begin(list(prompt), sampling=params, rng=rng)
+
+    def prefilled(self, first: int) -> None:
         self.drafter.observe([first])
 
     def step(self, seq: KVSequence, history: list[int], budget: int) -> tuple[list[int], int]:
