@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real trip graphtiming sizes (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip graphtiming sizes kernels host (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -94,6 +94,7 @@ make_venv() {
             .device/wheels/diskcache-*.whl . || { fail "venv"; return 1; }
         rm -rf "$src" && mkdir -p "$src" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$src"
         "$v/bin/python" native/llama_cpp_patches.py "$src/llama_cpp_python-$VERSION/" \
+            && "$v/bin/python" native/qmatmul/llama_cpp_qmatmul.py "$src/llama_cpp_python-$VERSION/" \
             || { fail "llama.cpp patches"; return 1; }
         touch "$v/.installed" "$src/.patched"
         t0=$SECONDS
@@ -544,6 +545,53 @@ stage_sizes() {
     done
 }
 
+# draft-gpu's CPU target with edgespec's CPU kernels (native/qmatmul: the make build carries them)
+# and with llama.cpp's (the CPU backend of run.sh build: the same source without native/qmatmul),
+# arms alternating on the real pair; then the costs of n-token decodes of the CPU target with each
+stage_kernels() {
+    wait_for "$W/venv/.installed-cuda" 420 || return 1
+    wait_for "$W/build/bin/llama-speculative-simple" 300 || return 1
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m arm f lib stock
+    local py=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/python")
+    for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    lib=$("${py[@]}" -c 'import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / "lib")')
+    stock=$(find "$W/build" -name 'libggml-cpu.so*' -type f | head -1)
+    for f in "$lib"/libggml-cpu.so*; do
+        [[ $f == *.edgespec || -e $f.edgespec ]] || cp "$f" "$f.edgespec"
+    done
+    for arm in ${ARMS:-edgespec stock}; do
+        for f in "$lib"/libggml-cpu.so*; do
+            [[ $f == *.edgespec ]] && continue
+            if [[ $arm == stock ]]; then cp "$stock" "$f"; else cp "$f.edgespec" "$f"; fi
+        done
+        "${es[@]}" doctor 2>&1 | grep -A1 "CPU kernels" | tee "$W/results/real-kernels-$arm-doctor.txt"
+        real "kernels-$arm-draft-gpu-specbench" 150 --suite specbench --split test --limit 1 --max-tokens 128 \
+            --placement draft-gpu --configs plain,suffix,auto
+        real "kernels-$arm-draft-gpu-codeedit" 120 --suite code-edit-test --limit 1 --max-tokens 128 \
+            --placement draft-gpu --configs plain,suffix,auto
+        [[ -s "$W/results/real-kernels-$arm-diag.json" ]] || run 120 "${py[@]}" benchmarks/device/auto_diag.py \
+            qwen2.5-coder-1.5b "$W/results/real-kernels-$arm-diag.json" draft-gpu 8 1 64 \
+            > "$W/results/real-kernels-$arm-diag.log" 2>&1 || tail -20 "$W/results/real-kernels-$arm-diag.log"
+    done
+    for f in "$lib"/libggml-cpu.so*.edgespec; do cp "$f" "${f%.edgespec}"; done
+}
+
+# Where a step's host time goes on the gpu placement (profile_step.py, its parts), then the
+# placement end to end: code edits (suffix's steps) and Spec-Bench's low-acceptance categories (auto)
+stage_host() {
+    wait_for "$W/venv/.installed-cuda" 420 || return 1
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m py=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/python")
+    for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    [[ -s "$W/results/real-host-profile.json" ]] || run 90 "${py[@]}" benchmarks/device/profile_step.py qwen2.5-coder-1.5b \
+        "$W/results/real-host-profile.json" gpu > "$W/results/real-host-profile.log" 2>&1
+    [[ -s "$W/results/real-host-profile-auto.json" ]] || run 90 "${py[@]}" benchmarks/device/profile_step.py \
+        qwen2.5-coder-1.5b "$W/results/real-host-profile-auto.json" gpu 8 256 --draft auto --suite specbench \
+        --categories translation,qa,math_reasoning,multi_turn --limit 1 --no-warm > "$W/results/real-host-profile-auto.log" 2>&1
+    real host-gpu-codeedit 90 --suite code-edit-test --limit 2 --max-tokens 256 --placement gpu --configs plain,suffix,auto
+    real host-gpu-specbench-test2 90 --suite specbench --split test2 --limit 2 --max-tokens 256 --placement gpu \
+        --configs plain,suffix,auto
+}
+
 collect() {
     set +x
     python3 - "$W/results" "$OUT" <<'PY'
@@ -580,7 +628,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done
