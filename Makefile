@@ -48,17 +48,16 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard native/*.c)
 	touch $@
 
 # A CUDA build of the pinned llama-cpp-python from its source archive, never pip's cached CPU
-# wheel, with edgespec's llama.cpp patches applied first: native/llama_cpp_patches.py (graphs
-# kept by batch size, output argmax) and native/qmatmul (the CPU backend's kernels, for the
-# layers a placement leaves on the CPU).
+# wheel, with edgespec's llama.cpp patches (native/llama_cpp_patches.py: one CUDA graph per batch
+# shape) applied first. Its CPU backend stays llama.cpp's: on the H200 host's Xeon (AVX-512) the
+# CPU kernels (native/qmatmul) made draft-gpu's one-token decodes of the 1.5B 15% slower.
 LLAMA_SRC := build/llama-cpp-python
-$(LLAMA_SRC)/.patched: $(BIN)/python pyproject.toml native/llama_cpp_patches.py $(wildcard native/qmatmul/*.[ch] native/qmatmul/*.py)
+$(LLAMA_SRC)/.patched: $(BIN)/python pyproject.toml native/llama_cpp_patches.py
 	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
 	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: --dest $(LLAMA_SRC) \
 		"$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
 	tar xzf $(LLAMA_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SRC)
 	$(BIN)/python native/llama_cpp_patches.py $(LLAMA_SRC)/llama_cpp_python-*/
-	$(BIN)/python native/qmatmul/llama_cpp_qmatmul.py $(LLAMA_SRC)/llama_cpp_python-*/
 	touch $@
 
 $(VENV)/.installed-cuda: $(VENV)/.installed $(LLAMA_SRC)/.patched

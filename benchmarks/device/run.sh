@@ -94,7 +94,7 @@ make_venv() {
             .device/wheels/diskcache-*.whl . || { fail "venv"; return 1; }
         rm -rf "$src" && mkdir -p "$src" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$src"
         "$v/bin/python" native/llama_cpp_patches.py "$src/llama_cpp_python-$VERSION/" \
-            && "$v/bin/python" native/qmatmul/llama_cpp_qmatmul.py "$src/llama_cpp_python-$VERSION/" \
+            && { [[ ${KERNELS:-0} != 1 ]] || "$v/bin/python" native/qmatmul/llama_cpp_qmatmul.py "$src/llama_cpp_python-$VERSION/"; } \
             || { fail "llama.cpp patches"; return 1; }
         touch "$v/.installed" "$src/.patched"
         t0=$SECONDS
@@ -545,9 +545,10 @@ stage_sizes() {
     done
 }
 
-# draft-gpu's CPU target with edgespec's CPU kernels (native/qmatmul: the make build carries them)
-# and with llama.cpp's (the CPU backend of run.sh build: the same source without native/qmatmul),
-# arms alternating on the real pair; then the costs of n-token decodes of the CPU target with each
+# draft-gpu's CPU target with edgespec's CPU kernels (native/qmatmul: a make build started with
+# KERNELS=1 carries them) and with llama.cpp's (the CPU backend of run.sh build: the same source
+# without native/qmatmul), arms in turn on the real pair; then the costs of n-token decodes of the
+# CPU target with each
 stage_kernels() {
     wait_for "$W/venv/.installed-cuda" 420 || return 1
     wait_for "$W/build/bin/llama-speculative-simple" 300 || return 1
