@@ -58,7 +58,8 @@ def markdown(result: dict, title: str, command: str) -> str:
             lines.append(f"| {cfg} | " + " | ".join(_ratio_cell(cells.get(c), "speedup_in_layout") for c in cats) + " |")
     same = [r for r in records if r.same_as_plain is not None]
     if same:
-        lines += ["", "Greedy output identical to plain decoding: " + ", ".join(
+        against = f" in the same layout ({IN_LAYOUT}; {IN_LAYOUT} against {PLAIN})" if IN_LAYOUT in summary else ""
+        lines += ["", f"Greedy output identical to plain decoding{against}: " + ", ".join(
             f"{cfg} {sum(r.same_as_plain for r in same if r.config == cfg)}/"
             f"{sum(1 for r in same if r.config == cfg)}" for cfg in dict.fromkeys(r.config for r in same)) + "."]
     rechecked = [r for r in records if r.rechecks]

@@ -263,6 +263,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
     trees = shared.shape.tree or any(base_config(c) == "model-tree" for c in configs)
     records: list[Record] = []
     plain_text: dict[tuple[int, str, int], str] = {}  # plain's answer per (repeat, prompt, turn)
+    layout_text: dict[tuple[int, str, int], str] = {}  # plain-in-layout's: what exactness compares with
     n = 0
     for lp, order in phases:
         engine = Engine(lp.config, plan=lp)
@@ -279,10 +280,15 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
                 rec = _run_one(engine, runners, p, answers, config, repeat, settings)
                 if rec is None:
                     continue
+                key = (repeat, pid, turn)
                 if config == PLAIN:
-                    plain_text[(repeat, pid, turn)] = rec.text
-                elif (repeat, pid, turn) in plain_text:
-                    rec.same_as_plain = rec.text == plain_text[(repeat, pid, turn)]
+                    plain_text[key] = rec.text
+                else:  # another layout's kernels may part at near-ties: exactness is within a layout
+                    ref = plain_text if config == IN_LAYOUT else layout_text if key in layout_text else plain_text
+                    if key in ref:
+                        rec.same_as_plain = rec.text == ref[key]
+                    if config == IN_LAYOUT:
+                        layout_text[key] = rec.text
                 records.append(rec)
         finally:
             runners.close()
