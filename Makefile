@@ -19,7 +19,9 @@ GPU_CMAKE := -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native
 else ifneq ($(GPU),cpu)
 $(error GPU must be cpu or cuda, not $(GPU))
 endif
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)" $(GPU_CMAKE)
+# LLAMA_CMAKE: more of llama.cpp's CMake options for a GPU build's wheel (benchmarks/device/run.sh
+# passes -DGGML_CPU_BATCH_INVARIANT=ON with native/qmatmul applied to the source).
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)" $(GPU_CMAKE) $(LLAMA_CMAKE)
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
 # Bytecode is written even where the environment says PYTHONDONTWRITEBYTECODE: the tests start

@@ -100,6 +100,7 @@ make_venv() {
         t0=$SECONDS
         # PIP_NO_BUILD_ISOLATION=0 is pip's --no-build-isolation (its variable reads backwards)
         run 240 "${env_[@]}" PIP_NO_BUILD_ISOLATION=0 make GPU=cuda VENV="$v" "$v/.installed-cuda" \
+            $([[ ${KERNELS:-0} == 1 ]] && echo LLAMA_CMAKE=-DGGML_CPU_BATCH_INVARIANT=ON) \
             > "$W/make.log" 2>&1 || { tail -40 "$W/make.log"; fail "make GPU=cuda"; return 1; }
         echo "make GPU=cuda built llama-cpp-python in $(( SECONDS - t0 )) s" | tee "$W/results/make.txt"
     fi

@@ -20,7 +20,8 @@ if [[ ! -x "$WORK/build/bin/test-backend-ops" ]]; then
     python3 "$HERE/llama_cpp_qmatmul.py" "$SRC" || exit 1
     cmake -S "$SRC/vendor/llama.cpp" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
-        -DLLAMA_BUILD_SERVER=OFF > "$WORK/cmake.log" 2>&1 || { tail -20 "$WORK/cmake.log"; exit 1; }
+        -DLLAMA_BUILD_SERVER=OFF -DGGML_CPU_BATCH_INVARIANT=ON > "$WORK/cmake.log" 2>&1 \
+        || { tail -20 "$WORK/cmake.log"; exit 1; }
     cmake --build "$WORK/build" --target test-backend-ops -j "$(nproc)" > "$WORK/build.log" 2>&1 \
         || { tail -30 "$WORK/build.log"; exit 1; }
 fi

@@ -74,7 +74,8 @@ def build(version: str, out: Path) -> None:
         cmake = _cmake()
         _run(cmake, "-S", str(src / "vendor/llama.cpp"), "-B", str(work / "build"), "-DCMAKE_BUILD_TYPE=Release",
              "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF", *flags)
+             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+             "-DGGML_CPU_BATCH_INVARIANT=ON", *flags)
         _run(cmake, "--build", str(work / "build"), "--target", "ggml-cpu", "-j", str(os.cpu_count() or 2))
         built = next(p for p in (work / "build").rglob("libggml-cpu.so*") if not p.is_symlink())
         out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@ for every batch size (in chunks of 64 rows), so a row's logits have the same bit
 decode and in any verification batch; and Q4_K is no longer repacked on AVX2 (the repacked
 weights never reach ggml_compute_forward_mul_mat). Same rules as native/llama_cpp_patches.py:
 each patch replaces one anchored block; applying twice changes nothing; a missing anchor stops
-with one line.
+with one line. All of it is behind a CMake option, GGML_CPU_BATCH_INVARIANT (off unless the build
+turns it on, as install_cpu.py does), so the diff (upstream.sh) is one that could go upstream.
 """
 from __future__ import annotations
 
@@ -26,22 +27,33 @@ from llama_cpp_patches import MARK, Patch, PatchError  # isort: skip
 CPU = "vendor/llama.cpp/ggml/src/ggml-cpu"
 
 
+OPTION = Patch(
+    "batch-invariant-option", "vendor/llama.cpp/ggml/CMakeLists.txt",
+    'option(GGML_CPU_KLEIDIAI     "ggml: use KleidiAI optimized kernels if applicable" OFF)\n',
+    'option(GGML_CPU_KLEIDIAI     "ggml: use KleidiAI optimized kernels if applicable" OFF)\n'
+    f"# {MARK} batch-invariant-option\n"
+    'option(GGML_CPU_BATCH_INVARIANT "ggml: CPU Q4_K/Q6_K matmul and F16 flash attention whose rows do not depend on the batch" OFF)\n',
+)
+
 SOURCES = Patch(
     "qmatmul-sources", f"{CPU}/CMakeLists.txt",
-    "        ggml-cpu/ggml-cpu.c\n        ggml-cpu/ggml-cpu.cpp\n",
-    "        ggml-cpu/ggml-cpu.c\n        ggml-cpu/ggml-cpu.cpp\n"
-    f"        # {MARK} qmatmul-sources\n"
-    "        ggml-cpu/edgespec-qmatmul.c\n        ggml-cpu/edgespec-qmatmul.h\n"
-    "        ggml-cpu/edgespec-qattn.c\n        ggml-cpu/edgespec-qattn.h\n",
+    "    if (GGML_CPU_REPACK)\n        target_compile_definitions(${GGML_CPU_NAME} PRIVATE GGML_USE_CPU_REPACK)\n    endif()\n",
+    "    if (GGML_CPU_REPACK)\n        target_compile_definitions(${GGML_CPU_NAME} PRIVATE GGML_USE_CPU_REPACK)\n    endif()\n\n"
+    f"    if (GGML_CPU_BATCH_INVARIANT)  # {MARK} qmatmul-sources\n"
+    "        target_compile_definitions(${GGML_CPU_NAME} PRIVATE GGML_USE_CPU_BATCH_INVARIANT)\n"
+    "        list(APPEND GGML_CPU_SOURCES\n"
+    "            ggml-cpu/edgespec-qmatmul.c\n            ggml-cpu/edgespec-qmatmul.h\n"
+    "            ggml-cpu/edgespec-qattn.c\n            ggml-cpu/edgespec-qattn.h)\n"
+    "    endif()\n",
 )
 
 FORWARD_FN = Patch(
     "qmatmul-forward-fn", f"{CPU}/ggml-cpu.c",
     "void ggml_compute_forward_mul_mat(\n",
-    f"// {MARK} qmatmul-forward-fn\n"
+    f"#ifdef GGML_USE_CPU_BATCH_INVARIANT  // {MARK} qmatmul-forward-fn\n"
     "// Q4_K/Q6_K x F32, 2-D: each activation row to Q8_K (rows shared out by thread), then each\n"
     "// thread its share of the output rows for up to 64 activation rows at a time. A row's result\n"
-    "// does not depend on the batch (native/qmatmul/qmatmul.h).\n"
+    "// does not depend on the batch (edgespec-qmatmul.h).\n"
     "#include \"edgespec-qmatmul.h\"\n"
     "static bool edgespec_qmatmul_forward(const struct ggml_compute_params * params, struct ggml_tensor * dst) {\n"
     "    const struct ggml_tensor * src0 = dst->src[0];\n"
@@ -73,16 +85,19 @@ FORWARD_FN = Patch(
     "        GGML_ASSERT(rc == 0);\n"
     "    }\n"
     "    return true;\n"
-    "}\n\n"
+    "}\n"
+    "#endif\n\n"
     "void ggml_compute_forward_mul_mat(\n",
 )
 
 FORWARD_CALL = Patch(
     "qmatmul-forward-call", f"{CPU}/ggml-cpu.c",
     "    // If tiled is supported, it will execute the full op here and we return\n",
-    f"    if (edgespec_qmatmul_forward(params, dst)) {{  // {MARK} qmatmul-forward-call\n"
+    f"#ifdef GGML_USE_CPU_BATCH_INVARIANT  // {MARK} qmatmul-forward-call\n"
+    "    if (edgespec_qmatmul_forward(params, dst)) {\n"
     "        return;\n"
-    "    }\n\n"
+    "    }\n"
+    "#endif\n\n"
     "    // If tiled is supported, it will execute the full op here and we return\n",
 )
 
@@ -90,16 +105,20 @@ NO_Q4K_REPACK = Patch(
     "qmatmul-no-q4k-repack", f"{CPU}/repack.cpp",
     "    } else if (cur->type == GGML_TYPE_Q4_K) {\n        if (ggml_cpu_has_avx2()) {\n",
     "    } else if (cur->type == GGML_TYPE_Q4_K) {\n"
-    f"        if (false && ggml_cpu_has_avx2()) {{  // {MARK} qmatmul-no-q4k-repack: qmatmul takes Q4_K\n",
+    f"#ifdef GGML_USE_CPU_BATCH_INVARIANT  // {MARK} qmatmul-no-q4k-repack: read as stored\n"
+    "        if (false) {\n"
+    "#else\n"
+    "        if (ggml_cpu_has_avx2()) {\n"
+    "#endif\n",
 )
 
 ATTN_HEAD = ("void ggml_compute_forward_flash_attn_ext(\n        const ggml_compute_params * params,\n"
              "        ggml_tensor * dst) {\n")
 ATTN = Patch(
     "qattn-forward", f"{CPU}/ops.cpp", ATTN_HEAD,
-    f"// {MARK} qattn-forward\n"
+    f"#ifdef GGML_USE_CPU_BATCH_INVARIANT  // {MARK} qattn-forward\n"
     "// Flash attention over an f16 cache: every query row in one fixed order whatever the batch\n"
-    "// (native/qmatmul/qattn.h); other types, ALiBi, soft-capping and sinks keep llama.cpp's kernel.\n"
+    "// (edgespec-qattn.h); other types, ALiBi, soft-capping and sinks keep llama.cpp's kernel.\n"
     "extern \"C\" {\n#include \"edgespec-qattn.h\"\n}\n"
     "static bool edgespec_qattn_forward(const ggml_compute_params * params, ggml_tensor * dst) {\n"
     "    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * mask = dst->src[3];\n"
@@ -125,14 +144,17 @@ ATTN = Patch(
     "    const int rc = qattn_f16(QATTN_AUTO, &p, params->ith, params->nth);\n"
     "    GGML_ASSERT(rc != -2 && \"qattn: out of memory\");\n"
     "    return rc == 0;\n"
-    "}\n\n"
+    "}\n"
+    "#endif\n\n"
     + ATTN_HEAD +
+    "#ifdef GGML_USE_CPU_BATCH_INVARIANT\n"
     "    if (edgespec_qattn_forward(params, dst)) {\n"
     "        return;\n"
-    "    }\n",
+    "    }\n"
+    "#endif\n",
 )
 
-PATCHES = (SOURCES, FORWARD_FN, FORWARD_CALL, NO_Q4K_REPACK, ATTN)
+PATCHES = (OPTION, SOURCES, FORWARD_FN, FORWARD_CALL, NO_Q4K_REPACK, ATTN)
 COPIES = {"qmatmul.c": "edgespec-qmatmul.c", "qmatmul.h": "edgespec-qmatmul.h",
           "qattn.c": "edgespec-qattn.c", "qattn.h": "edgespec-qattn.h"}
 
