@@ -12,6 +12,7 @@ to exactly its own prefix, and its logits depend on exactly the tokens a row att
 from __future__ import annotations
 
 import functools
+import threading
 from collections import Counter
 
 import numpy as np
@@ -691,3 +692,43 @@ def test_freeing_an_engine_frees_every_part_even_when_one_fails(caplog):
         engine._free()
     assert closed == ["drafter", "ctx", "model"]
     assert [r.getMessage() for r in caplog.records].count("freeing Part failed: model would not close") == 1
+
+
+# -- a request's start beside its prefill ---------------------------------------------------------
+class _Recording(SuffixDrafter):
+    """The suffix drafter, noting the thread its begin ran in and each end."""
+
+    def __init__(self):
+        super().__init__()
+        self.began, self.began_in, self.ended = threading.Event(), None, 0
+
+    def begin(self, prompt, sampling=None, rng=None) -> None:
+        self.began_in = threading.current_thread()
+        self.began.set()
+        super().begin(prompt, sampling, rng)
+
+    def end(self) -> None:
+        self.ended += 1
+        super().end()
+
+
+def test_a_request_starts_beside_its_prefill_and_a_failed_prefill_reports_its_own_error():
+    decoder, drafter = make_decoder(None), _Recording()
+    decoder.step = SpeculativeStep(drafter, 8)
+    prefill = decoder.seq.sync
+
+    def after_begin(tokens):  # the prefill waits for the step's start: they run side by side
+        assert drafter.began.wait(10), "the step did not start beside the prefill"
+        return prefill(tokens)
+    decoder.seq.sync = after_begin
+    prompt = random_prompt(np.random.default_rng(3), 30)
+    plain = make_decoder(None).generate(prompt, request(24)).token_ids
+    assert decoder.generate(prompt, request(24)).token_ids == plain
+    assert drafter.began_in is not threading.main_thread() and drafter.ended == 1
+
+    def refused(tokens):  # a prefill llama.cpp refuses, with the drafter started beside it
+        raise BackendError("no room in the KV cache")
+    decoder.seq.sync = refused
+    with pytest.raises(BackendError, match="no room"):
+        decoder.generate(prompt, request(4))
+    assert drafter.ended == 2  # the request ended for the drafter too

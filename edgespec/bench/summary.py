@@ -47,7 +47,7 @@ class Record:
     peak_rss_bytes: int
     text: str
     repeat: int = 0
-    same_as_plain: bool | None = None  # equal to plain's answer in the same layout (plain-in-layout where it ran)
+    same_as_plain: bool | None = None  # plain's answer in the same layout (plain-in-layout's if it ran)
     # Tokens produced inside the gen_s window: edgespec's window starts after the first token
     # (which comes out of the prefill), llama.cpp's "decoded" window includes it.
     gen_tokens: int | None = None

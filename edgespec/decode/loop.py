@@ -94,8 +94,10 @@ class Decoder:
                 started = start_beside(lambda: self.step.begin(prompt, params, rng))
                 try:
                     row, stats.reused_prompt_tokens = seq.sync(prompt)
-                finally:
-                    started.result()
+                except BaseException:
+                    started.exception()  # waits for it; the prefill's error is the one to report
+                    raise
+                started.result()
                 stats.prompt_eval_s = time.perf_counter() - t0
                 history = list(prompt) + [pick_from_row(row, params, prompt, rng)]
                 stats.ttft_s = time.perf_counter() - t0
