@@ -35,7 +35,7 @@ from edgespec.memory.machine import MachineInfo
 def exact_plan(m: MachineInfo) -> dict:
     """What exact mode (edgespec.llama.invariant) forces on a plan for ``m``: flash attention
     follows the cache."""
-    return {"target_repack": False, "kv_type": invariant.kv_type("QMATMUL" in m.cpu_features), "cpu_target": True}
+    return {"target_repack": False, "kv_type": invariant.kv_type(m.qmatmul), "cpu_target": True}
 
 
 def resolve(config: EngineConfig, machine: MachineInfo, store: ModelStore, *,
@@ -75,7 +75,7 @@ def _as_asked(config: EngineConfig, path: Path, target: ModelFile, m: MachineInf
     model = ModelParams(n_gpu_layers=config.n_gpu_layers, use_mmap=use_mmap, use_mlock=config.use_mlock)
     kv_type = config.kv_type or "f16"
     flash = config.flash_attn if config.flash_attn is not None else \
-        default_flash_attn(on_gpu=config.n_gpu_layers != 0, kv_type=kv_type, qmatmul="QMATMUL" in m.cpu_features)
+        default_flash_attn(on_gpu=config.n_gpu_layers != 0, kv_type=kv_type, qmatmul=m.qmatmul)
     # one sequence per root-to-leaf path of a draft, plus the main one
     n_seq = config.n_seq_max or 1 + (shape.draft_max if config.draft is not None else 0)
     context = ContextParams(n_ctx=config.n_ctx, n_threads=config.n_threads, n_seq_max=n_seq, kv_type=kv_type,

@@ -245,7 +245,7 @@ class Evaluator:
         """The attention kernel the engine will build for this candidate (asked, not copied)."""
         if self.force_flash_attn is not None:
             return self.force_flash_attn
-        return resolved_flash_attn(default_flash_attn(cfg.target_on_gpu, cfg.kv_type, "QMATMUL" in self.feats))
+        return resolved_flash_attn(default_flash_attn(cfg.target_on_gpu, cfg.kv_type, self.m.qmatmul))
 
     def _target_ctx(self, cfg: Candidate) -> ContextFootprint:
         drafting = self._drafting(cfg)

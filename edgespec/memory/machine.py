@@ -46,6 +46,11 @@ class MachineInfo:
     memlock_limit: int | None = None   # RLIMIT_MEMLOCK in bytes; None: unlimited
     privileged: bool = False           # root may lock any amount
 
+    @property
+    def qmatmul(self) -> bool:
+        """Whether llama.cpp's CPU backend here takes edgespec's kernels (native/qmatmul)."""
+        return "QMATMUL" in self.cpu_features
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["cpu_features"] = sorted(self.cpu_features)
