@@ -205,7 +205,6 @@ def test_llama_cpp_patch_applies_once_and_needs_its_anchors(tmp_path):
         mod.apply_all(broken)
 
 
-
 def test_upstream_diff_carries_the_kernels_and_patches_as_they_are():
     """native/qmatmul/upstream/*.patch (upstream.sh's output) holds today's kernel files and one
     guarded hunk per patch: regenerate it (bash native/qmatmul/upstream.sh SDIST) after a change."""
@@ -217,9 +216,7 @@ def test_upstream_diff_carries_the_kernels_and_patches_as_they_are():
         files[name] = "".join(line[1:] + "\n" for line in section.splitlines()
                               if line.startswith("+") and not line.startswith("+++"))
     for src, dst in mod.COPIES.items():
-        text = (SRC / src).read_text().replace('#include "qmatmul.h"', '#include "edgespec-qmatmul.h"') \
-            .replace('#include "qattn.h"', '#include "edgespec-qattn.h"')
-        assert files[f"ggml/src/ggml-cpu/{dst}"] == text, f"{dst} in the diff is not today's {src}"
+        assert files[f"ggml/src/ggml-cpu/{dst}"] == mod.copied_text(src), f"{dst} in the diff is not today's {src}"
     assert "option(GGML_CPU_BATCH_INVARIANT" in files["ggml/CMakeLists.txt"]
     assert sum(text.count("#ifdef GGML_USE_CPU_BATCH_INVARIANT") for text in files.values()) == 5
     assert "edgespec:" not in diff  # the patch rules' markers stay in edgespec's build

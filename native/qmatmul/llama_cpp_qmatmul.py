@@ -159,13 +159,21 @@ COPIES = {"qmatmul.c": "edgespec-qmatmul.c", "qmatmul.h": "edgespec-qmatmul.h",
           "qattn.c": "edgespec-qattn.c", "qattn.h": "edgespec-qattn.h"}
 
 
+def copied_text(src: str) -> str:
+    """Kernel file ``src`` as it is copied into ggml-cpu (COPIES), its includes renamed too."""
+    text = (HERE / src).read_text()
+    for name, copy in COPIES.items():
+        if name.endswith(".h"):
+            text = text.replace(f'#include "{name}"', f'#include "{copy}"')
+    return text
+
+
 def apply_all(root: Path) -> list[str]:
     """Copies the kernel into the tree and applies every patch (llama_cpp_patches.apply_all's
     rules); the names of those that changed something."""
     changed = []
     for src, dst in COPIES.items():
-        text = (HERE / src).read_text().replace('#include "qmatmul.h"', '#include "edgespec-qmatmul.h"') \
-            .replace('#include "qattn.h"', '#include "edgespec-qattn.h"')
+        text = copied_text(src)
         target = root / CPU / dst
         if not target.exists() or target.read_text() != text:
             target.write_text(text)
