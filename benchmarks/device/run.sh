@@ -94,13 +94,18 @@ make_venv() {
             .device/wheels/diskcache-*.whl . || { fail "venv"; return 1; }
         rm -rf "$src" && mkdir -p "$src" && tar xzf ".device/llama_cpp_python-$VERSION.tar.gz" -C "$src"
         "$v/bin/python" native/llama_cpp_patches.py "$src/llama_cpp_python-$VERSION/" \
-            && { [[ ${KERNELS:-0} != 1 ]] || "$v/bin/python" native/qmatmul/llama_cpp_qmatmul.py "$src/llama_cpp_python-$VERSION/"; } \
             || { fail "llama.cpp patches"; return 1; }
+        local kernels=()  # KERNELS=1: the CPU backend with native/qmatmul (run.sh kernels)
+        if [[ ${KERNELS:-0} == 1 ]]; then
+            "$v/bin/python" native/qmatmul/llama_cpp_qmatmul.py "$src/llama_cpp_python-$VERSION/" \
+                || { fail "qmatmul patch"; return 1; }
+            kernels=(LLAMA_CMAKE=-DGGML_CPU_BATCH_INVARIANT=ON)
+        fi
         touch "$v/.installed" "$src/.patched"
         t0=$SECONDS
         # PIP_NO_BUILD_ISOLATION=0 is pip's --no-build-isolation (its variable reads backwards)
         run 240 "${env_[@]}" PIP_NO_BUILD_ISOLATION=0 make GPU=cuda VENV="$v" "$v/.installed-cuda" \
-            $([[ ${KERNELS:-0} == 1 ]] && echo LLAMA_CMAKE=-DGGML_CPU_BATCH_INVARIANT=ON) \
+            "${kernels[@]}" \
             > "$W/make.log" 2>&1 || { tail -40 "$W/make.log"; fail "make GPU=cuda"; return 1; }
         echo "make GPU=cuda built llama-cpp-python in $(( SECONDS - t0 )) s" | tee "$W/results/make.txt"
     fi

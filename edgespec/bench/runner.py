@@ -284,7 +284,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
                 if config == PLAIN:
                     plain_text[key] = rec.text
                 else:  # another layout's kernels may part at near-ties: exactness is within a layout
-                    ref = plain_text if config == IN_LAYOUT else layout_text if key in layout_text else plain_text
+                    ref = layout_text if config != IN_LAYOUT and key in layout_text else plain_text
                     if key in ref:
                         rec.same_as_plain = rec.text == ref[key]
                     if config == IN_LAYOUT:

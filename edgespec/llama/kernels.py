@@ -80,8 +80,8 @@ def default_flash_attn(on_gpu: bool, kv_type: str = "f16", qmatmul: bool = False
     batch. With it, `auto` ran 28.4 and 19.9 tok/s on held-out code edits and Spec-Bench against
     28.5 and 20.3 with llama.cpp's attention without flash attention (2-core AMD EPYC VM, the
     1.5B target; a 16- to 64-token batch alone cost up to 15% more at 1024 tokens of context).
-    Otherwise, on the CPU, llama.cpp's flash-attention kernel is slower for the multi-token batches that
-    verification sends once the context is long: `llama-bench -p 1,2,4,8,16,32,64 -d
+    Otherwise, on the CPU, llama.cpp's flash-attention kernel is slower for the multi-token
+    batches that verification sends once the context is long: `llama-bench -p 1,2,4,8,16,32,64 -d
     128,512,1024,2048 -fa 0,1` of the 1.5B target (2-core AVX-512 VM) puts 4- to 32-token
     batches 4-29% slower with it at depth 1024 and 14-32% at 2048; at depth 128 every size is
     2-7% faster with it, and one-token decodes cost the same from depth 512 on. The default
