@@ -275,6 +275,7 @@ def test_fit_draft_keeps_the_largest_valid_prefix():
         max_paths, max_nodes = int(rng.integers(1, 8)), int(rng.integers(0, 30))
         fitted = fit_draft(draft, max_paths, max_nodes)
         n = len(fitted)
+        assert leaves_of(draft) == [i for i in range(len(draft)) if i not in set(draft.parents.tolist())]
         assert np.array_equal(fitted.tokens, draft.tokens[:n])
         assert np.array_equal(fitted.parents, draft.parents[:n])
         assert n <= max_nodes and len(leaves_of(fitted)) <= max_paths

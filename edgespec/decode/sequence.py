@@ -35,6 +35,7 @@ class KVSequence:
         self.ctx = ctx
         self.tokens: list[int] = []
         self._paths = 0  # path sequences holding uncommitted cells
+        self._node_paths: list[list[int]] = []  # the verified tree's path_layout, for its commit
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -111,28 +112,29 @@ class KVSequence:
 
     def _decode_tree(self, pending: int, draft: DraftTree) -> Rows:
         n, base = len(draft), len(self.tokens)
-        positions = [base] + [base + int(d) for d in draft.depth()]
-        tokens = [pending] + [int(t) for t in draft.tokens]
+        tokens = [pending] + draft.tokens.tolist()
         if n == 0 or is_chain(draft):
+            positions = list(range(base, base + n + 1))
             seqs = [[SEQ_MAIN]] * (n + 1)
         else:
             leaves, node_paths = path_layout(draft)
             if len(leaves) > self.max_paths:
                 raise ValueError(f"draft has {len(leaves)} paths; the context allows {self.max_paths}")
-            self._paths = len(leaves)
+            self._paths, self._node_paths = len(leaves), node_paths
             for seq in range(1, len(leaves) + 1):
                 self.ctx.seq_cp(SEQ_MAIN, seq, 0, base)  # the context is visible from every path
             seqs = [list(range(1, len(leaves) + 1))] + node_paths
+            positions = [base] + (base + draft.depth()).tolist()
         return self.ctx.decode_rows(tokens, positions, seqs, [True] * (n + 1))
 
     def _commit(self, pending: int, draft: DraftTree, path: Sequence[int]) -> None:
         base = len(self.tokens)
         keep_until = base + 1 + len(path)
         if self._paths:
-            _, node_paths = path_layout(draft)
-            seq = node_paths[path[-1]][0] if path else 1
+            seq = self._node_paths[path[-1]][0] if path else 1
             self.ctx.seq_cp(seq, SEQ_MAIN, base, keep_until)
-        self.tokens.extend([pending] + [int(draft.tokens[i]) for i in path])
+        drafted = draft.tokens.tolist()
+        self.tokens.extend([pending] + [drafted[i] for i in path])
         self.rollback()  # frees the path sequences and anything past the accepted path
 
 

@@ -13,27 +13,25 @@ from edgespec.decode.tree import DraftTree
 
 def leaves_of(draft: DraftTree) -> list[int]:
     """Nodes without children, in index order."""
-    has_child = np.zeros(len(draft), bool)
-    for p in draft.parents:
-        if p >= 0:
-            has_child[p] = True
-    return [i for i in range(len(draft)) if not has_child[i]]
+    has_child = np.zeros(len(draft) + 1, bool)  # the last slot takes the root's children (-1)
+    has_child[draft.parents] = True
+    return np.flatnonzero(~has_child[:-1]).tolist()
 
 
 def is_chain(draft: DraftTree) -> bool:
-    return all(int(p) == i - 1 for i, p in enumerate(draft.parents))
+    return draft.parents.tolist() == list(range(-1, len(draft) - 1))  # lists: a third of numpy's µs
 
 
 def path_layout(draft: DraftTree) -> tuple[list[int], list[list[int]]]:
     """(leaves, node_paths): node_paths[i] = sorted sequence ids (1-based) of paths through i."""
-    leaves = leaves_of(draft)
-    node_paths: list[set[int]] = [set() for _ in range(len(draft))]
-    for k, leaf in enumerate(leaves):
+    leaves, parents = leaves_of(draft), draft.parents.tolist()
+    node_paths: list[list[int]] = [[] for _ in parents]
+    for k, leaf in enumerate(leaves, 1):  # leaves in increasing order: each list comes out sorted
         node = leaf
         while node >= 0:
-            node_paths[node].add(k + 1)
-            node = int(draft.parents[node])
-    return leaves, [sorted(s) for s in node_paths]
+            node_paths[node].append(k)
+            node = parents[node]
+    return leaves, node_paths
 
 
 def main_path(draft: DraftTree) -> DraftTree:
@@ -58,7 +56,12 @@ def fit_draft(draft: DraftTree, max_paths: int, max_nodes: int) -> DraftTree:
 
     Nodes are topologically ordered, so any prefix is itself a valid tree.
     """
-    n = min(len(draft), max_nodes)
-    while n > 0 and len(leaves_of(draft.prefix(n))) > max_paths:
-        n -= 1
-    return draft if n == len(draft) else draft.prefix(n)
+    best, leaves, parents_seen = 0, 0, set()
+    for k, p in enumerate(draft.parents[:max(min(len(draft), max_nodes), 0)].tolist(), 1):
+        leaves += 1  # node k-1 is a leaf of the prefix of k nodes ...
+        if p >= 0 and p not in parents_seen:  # ... and its parent no longer is
+            parents_seen.add(p)
+            leaves -= 1
+        if leaves <= max_paths:
+            best = k
+    return draft if best == len(draft) else draft.prefix(best)

@@ -53,7 +53,8 @@ class Acceptance:
 
     def accepted_tokens(self, draft: DraftTree) -> list[int]:
         """Token ids of the accepted nodes, in order."""
-        return [int(draft.tokens[i]) for i in self.path]
+        tokens = draft.tokens.tolist()
+        return [tokens[i] for i in self.path]
 
     def emitted_tokens(self, draft: DraftTree) -> list[int]:
         """What the step adds to the output: accepted tokens then the bonus (>= 1 token)."""

@@ -34,6 +34,7 @@ class _PathRows:
 
     def __init__(self, rows, draft: DraftTree, history: list[int], params: SamplingParams):
         self._rows, self._draft, self._history, self._params = rows, draft, history, params
+        self._picks = rows.greedy if argmax_decides(params) else None  # a token id per row
 
     def _recent(self, r: int) -> np.ndarray:
         if self._params.repeat_penalty == 1.0:
@@ -42,8 +43,8 @@ class _PathRows:
         return recent_window(self._history + [int(self._draft.tokens[i]) for i in path], self._params)
 
     def __getitem__(self, r: int) -> int:  # greedy: the target's token at row r
-        if argmax_decides(self._params):
-            return self._rows.greedy(r)  # a token id, picked on the backend where it can
+        if self._picks is not None:
+            return self._picks(r)  # picked on the backend where it can
         return greedy_token(self._rows(r), self._params, self._recent(r))
 
     def gap(self, r: int) -> float:  # greedy: how far row r's choice leads the runner-up
