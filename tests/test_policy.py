@@ -357,6 +357,25 @@ def test_what_the_confidences_taught_is_kept_for_the_next_request(tmp_path):
     assert other.confidence.value(0.55) == pytest.approx(0.55)  # another drafter model learns apart
 
 
+def test_a_requests_learning_is_written_after_its_answer_and_reads_wait_for_it(tmp_path, monkeypatch):
+    """The write (a read, a write and an fsync) runs in a thread of its own, outside the
+    request's clock; every later read of the memory sees it."""
+    import threading
+    import time
+
+    from edgespec.drafters.auto import memory as mem
+
+    release, written = threading.Event(), mem.write_or_keep
+    monkeypatch.setattr(mem, "write_or_keep", lambda *args: release.wait(10) and written(*args))
+    memory = mem.PolicyMemory(tmp_path, "placement")
+    start = time.perf_counter()
+    memory.save_after({"1": [1.0, 2.0]}, None, None)
+    assert time.perf_counter() - start < 5 and not memory.path.exists()  # the request did not wait
+    threading.Timer(0.2, release.set).start()
+    assert memory.load()["suffix"] == {"1": [1.0, 2.0]}  # the read did
+    assert mem.PolicyMemory(tmp_path, "placement").load()["suffix"] == {"1": [1.0, 2.0]}
+
+
 def test_a_chains_price_pays_its_drafting_whether_or_not_it_is_verified():
     from edgespec.drafters.auto.policy import ConfidenceCalibration, chain_rate
 

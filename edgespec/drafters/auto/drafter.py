@@ -45,7 +45,7 @@ from edgespec.drafters.auto.policy import (ChainStop, ConfidenceCalibration, Cos
                                            RatioEstimate, TreeDepthCalibration, best_chain_length, best_tree_prefix,
                                            drafter_gain)
 from edgespec.decode.tree import DraftTree
-from edgespec.drafters.auto.memory import CARRY_WEIGHT, saved_gain
+from edgespec.drafters.auto.memory import CARRY_WEIGHT, saved_gain, settle
 
 NAME = "auto"
 MATCH_CLASSES = (1, 4, 12)  # lower bounds of the match-length classes
@@ -172,7 +172,7 @@ class AutoDrafter:
             model = self.model_acceptance.state() if self.model is not None else None
             confidence = self.confidence.state() if self.model is not None else None
             gain = self.model_gain.state() if self.model is not None and self.model_gain is not None else None
-            self.memory.save(suffix, self.model_name, model, confidence, gain, sits_out=self.sits_out)
+            self.memory.save_after(suffix, self.model_name, model, confidence, gain, sits_out=self.sits_out)
 
     def _restore(self, state: dict) -> None:
         for c, saved in state.get("suffix", {}).items():
@@ -193,6 +193,7 @@ class AutoDrafter:
             self.model_gain.restore(saved, CARRY_WEIGHT)
 
     def close(self) -> None:
+        settle()  # what it learned is on disk once it is closed
         if self.model is not None:
             self.model.close()
 

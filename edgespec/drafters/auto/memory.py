@@ -11,11 +11,17 @@ differs (a copy-heavy edit after chat) overrides it within a few steps.
 """
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.files.store_files import write_or_keep
+
+log = logging.getLogger(__name__)
 
 CARRY_WEIGHT = 6.0
 # A drafter left out is measured again (loaded for one request) after sitting out this many,
@@ -63,6 +69,28 @@ def _sit_out(state: dict, drafter: str, loaded: bool) -> None:
     sat_out[drafter] = 0 if loaded else sat_out.get(drafter, 0) + 1
 
 
+@functools.cache
+def _writer() -> ThreadPoolExecutor:
+    """The thread that writes what a request learned once it has ended (``save_after``): the
+    read, the write and its fsync took ~1 ms on the dev VM, inside the request's clock, and an
+    H200 decodes a 20-token answer in ~40 ms."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-policy")
+
+
+_WRITES: list[Future] = []  # saves not yet known to have finished; every read waits for them
+_WRITES_LOCK = threading.Lock()  # reads come from the request's thread and the one beside it
+
+
+def settle() -> None:
+    """Waits for the saves still being written, so that a read sees every ended request's."""
+    with _WRITES_LOCK:
+        for write in _WRITES:
+            error = write.exception()
+            if error is not None:  # write_or_keep degrades on OSError; anything else is a bug
+                log.error("saving what auto learned failed: %r", error)
+        _WRITES.clear()
+
+
 class PolicyMemory:
     """One JSON file per placement: {"suffix": {class: [num, den]}, "drafters": {name: [[num, den]...]},
     "confidence": {name: [nums, dens]} (ConfidenceCalibration's bins), "gain": {name: [num, den]},
@@ -72,6 +100,10 @@ class PolicyMemory:
         self.path = Path(home) / "policy" / f"{placement_key}.json"
 
     def load(self) -> dict:
+        settle()
+        return self._read()
+
+    def _read(self) -> dict:
         try:
             state = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -100,7 +132,18 @@ class PolicyMemory:
         """One request's end: what it learned, under ``drafter`` (loaded when ``drafter_state``
         is given), and ``sits_out`` counted as left out (trees while the drafter drafts chains:
         draft_shape_name), in one write."""
-        state = self.load()
+        settle()
+        self._save(suffix, drafter, drafter_state, confidence_state, gain_state, sits_out)
+
+    def save_after(self, *args, **kwargs) -> None:
+        """``save`` in the writer thread, after the request's answer (_writer); reads wait for it."""
+        with _WRITES_LOCK:
+            _WRITES.append(_writer().submit(self._save, *args, **kwargs))
+
+    def _save(self, suffix: dict, drafter: str | None, drafter_state: list | None,
+              confidence_state: list | None = None, gain_state: list | None = None,
+              sits_out: str | None = None) -> None:
+        state = self._read()
         state["suffix"] = suffix
         if drafter is not None and drafter_state is not None:
             state.setdefault("drafters", {})[drafter] = drafter_state

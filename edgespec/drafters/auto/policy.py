@@ -316,7 +316,7 @@ class TreeDepthCalibration:
         self.den = [0.0] * max_depth
 
     def state(self) -> list[list[float]]:
-        return [self.num, self.den]
+        return [list(self.num), list(self.den)]  # a copy: it is written beside the next request
 
     def restore(self, state, weight: float) -> None:
         """Takes a saved state, each depth's evidence scaled down to at most ``weight``."""
