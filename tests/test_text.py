@@ -45,6 +45,46 @@ def test_stop_matcher(chunks, stops, streamed, hit, final):
     assert out + ("" if was_hit else m.flush()) == final
 
 
+class _Pieces:
+    """A vocabulary of byte pieces (some split a character), token 1 the end of generation."""
+
+    PIECES = [b"", b"", b"a", b" b", b"\xe2", b"\x82\xac", b"STO", b"P", b"\xff", "世".encode(), b"\n"]
+
+    def is_eog(self, token: int) -> bool:
+        return token == 1
+
+    def token_piece(self, token: int) -> bytes:
+        return self.PIECES[token]
+
+
+@pytest.mark.parametrize("stops", [(), ("STOP",), ("\n",)])
+def test_a_steps_tokens_pushed_at_once_end_as_token_by_token(stops):
+    """push_step gives the answer push gives token by token: its tokens, text, end and reason,
+    the drafted tokens marked, whatever the steps' sizes."""
+    from edgespec.decode.output import OutputStream
+
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        max_tokens, ignore_eos = int(rng.integers(1, 30)), bool(rng.random() < 0.3)
+        stream = rng.integers(0, len(_Pieces.PIECES), 40).tolist()
+        one, many = (OutputStream(_Pieces(), max_tokens, stops, ignore_eos) for _ in range(2))
+        singles, grouped, k = [], [], 0
+        while not many.done and k < len(stream):
+            n, drafts = int(rng.integers(1, 8)), int(rng.integers(0, 8))
+            step, k = stream[k:k + n], k + n
+            grouped += many.push_step(step, min(drafts, len(step) - 1))
+            for j, token in enumerate(step):
+                if not one.done:
+                    event = one.push(token, from_draft=j < min(drafts, len(step) - 1))
+                    singles += [event] if event is not None else []
+        tails = [one.end(), many.end()]
+        assert (one.tokens, one.finish_reason) == (many.tokens, many.finish_reason)
+        assert one.text == many.text == "".join(e.text for e in grouped) + (tails[1].text if tails[1] else "")
+        assert [t for e in singles for t in e.token_ids] == [t for e in grouped for t in e.token_ids]
+        assert [e.from_draft for e in singles for _ in e.token_ids] == \
+            [e.from_draft for e in grouped for _ in e.token_ids]
+
+
 QWEN_LIKE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 

@@ -35,6 +35,11 @@ class StopMatcher:
         self._stops = [s for s in stops if s]
         self._pending = ""
 
+    @property
+    def active(self) -> bool:
+        """Whether there is any stop string to watch for."""
+        return bool(self._stops)
+
     def feed(self, text: str) -> tuple[str, bool]:
         """Adds text; returns (text safe to emit, whether a stop string was hit)."""
         self._pending += text

@@ -103,7 +103,7 @@ class Decoder:
                 stats.ttft_s = time.perf_counter() - t0
                 t_first = time.perf_counter()
                 self.step.prefilled(history[-1])
-                yield from _push(out, history[-1:], 0)
+                yield from out.push_step(history[-1:], 0)
                 while not out.done:
                     if cancel is not None and cancel.is_set():
                         out.end("cancelled")
@@ -116,7 +116,7 @@ class Decoder:
                     budget = min(seq.ctx.n_ctx - len(seq) - 2, out.remaining - 1)
                     emitted, from_draft = self.step.step(seq, history, budget)
                     history.extend(emitted)
-                    yield from _push(out, emitted, from_draft)
+                    yield from out.push_step(emitted, from_draft)
             finally:
                 stats.spec = self.step.end()
             tail = out.end()
@@ -142,13 +142,3 @@ class Decoder:
         if len(prompt) >= self.seq.ctx.n_ctx:
             raise InvalidRequest(f"prompt of {len(prompt)} tokens does not fit the context of "
                                  f"{self.seq.ctx.n_ctx} tokens (raise --ctx or shorten the prompt)")
-
-
-def _push(out: OutputStream, emitted: list[int], from_draft: int) -> Iterator[TokenEvent]:
-    """Feeds a step's tokens to the output until it is done; the first ``from_draft`` were drafts."""
-    for k, token in enumerate(emitted):
-        event = out.push(token, from_draft=k < from_draft)
-        if event is not None:
-            yield event
-        if out.done:
-            return

@@ -49,6 +49,41 @@ class OutputStream:
             self.finish_reason = "length"
         return TokenEvent(text, (token,), from_draft)
 
+    def push_step(self, tokens: list[int], from_draft: int) -> list[TokenEvent]:
+        """A step's tokens, the first ``from_draft`` of them accepted drafts, as ``push`` takes
+        them one by one, in at most two events (the drafts', the rest's): a 12-token step pushed
+        token by token spent a third of its Python here."""
+        if self._stops.active:  # which token completes a stop string decides where the answer ends
+            events = []
+            for k, token in enumerate(tokens):
+                event = self.push(token, from_draft=k < from_draft)
+                if event is not None:
+                    events.append(event)
+                if self.done:
+                    break
+            return events
+        if self.done:
+            raise RuntimeError("push after the answer ended")
+        tokens = tokens[:self.remaining]
+        eog = None if self._ignore_eos else next((k for k, t in enumerate(tokens) if self._model.is_eog(t)), None)
+        if eog is not None:
+            tokens = tokens[:eog]
+        self.tokens.extend(tokens)
+        events = [self._event(part, drafted) for part, drafted in ((tokens[:from_draft], True),
+                                                                   (tokens[from_draft:], False)) if part]
+        if eog is not None:
+            self.finish_reason = "stop"
+        elif len(self.tokens) >= self._max_tokens:
+            self.finish_reason = "length"
+        return events
+
+    def _event(self, tokens: list[int], from_draft: bool) -> TokenEvent:
+        """The event of tokens already taken, with no stop strings to watch."""
+        text = self._detok.feed(b"".join(map(self._model.token_piece, tokens)))
+        if text:
+            self.parts.append(text)
+        return TokenEvent(text, tuple(tokens), from_draft)
+
     def end(self, reason: str | None = None) -> TokenEvent | None:
         """Ends the answer (if not ended yet, with ``reason``); returns held-back text, if any."""
         if not self.finish_reason:
