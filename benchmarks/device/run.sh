@@ -589,6 +589,15 @@ stage_host() {
     wait_for "$W/venv/.installed-cuda" 420 || return 1
     local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m py=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/python")
     for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    # the step's Python alone (llama_decode a no-op, each row's pick from the answer decoded first)
+    local d suite
+    for d in suffix:code-edit-test auto:specbench plain:specbench; do
+        suite=${d#*:} d=${d%%:*}
+        [[ -s "$W/results/real-host-replay-$d.json" ]] || run 60 "${py[@]}" benchmarks/host_replay.py \
+            "$W/results/real-host-replay-$d.json" --model qwen2.5-coder-1.5b --placement gpu --threads 8 \
+            --draft "$d" --suite "$suite" $([[ $suite == specbench ]] && echo --categories translation,qa,math_reasoning,multi_turn) \
+            > "$W/results/real-host-replay-$d.log" 2>&1; tail -1 "$W/results/real-host-replay-$d.log"
+    done
     [[ -s "$W/results/real-host-profile.json" ]] || run 90 "${py[@]}" benchmarks/device/profile_step.py qwen2.5-coder-1.5b \
         "$W/results/real-host-profile.json" gpu > "$W/results/real-host-profile.log" 2>&1
     [[ -s "$W/results/real-host-profile-auto.json" ]] || run 90 "${py[@]}" benchmarks/device/profile_step.py \
