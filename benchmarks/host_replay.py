@@ -46,9 +46,8 @@ def answers(engine: Engine, prompts: list[list[int]], tokens: int) -> list[list[
 class Replay:
     """Serves every row's pick from the recorded text ``truth`` (prompt + answer)."""
 
-    truth: list[int] = []
-
     def __init__(self) -> None:
+        self.truth: list[int] = []
         real_decode_rows = backend.LlamaContext.decode_rows
 
         def decode_rows(ctx, tokens, positions, seq_ids, logits):
