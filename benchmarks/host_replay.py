@@ -27,6 +27,7 @@ from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
 from edgespec.engine import Engine, EngineConfig
+from edgespec.decode import sequence
 from edgespec.llama import backend, rows
 
 NOT_DRAFTED = -1  # a pick no draft holds: the row is not on the answer's path
@@ -46,7 +47,9 @@ def answers(engine: Engine, prompts: list[list[int]], tokens: int) -> list[list[
 class Replay:
     """Serves every row's pick from the recorded text ``truth`` (prompt + answer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait: str = "none", wait_ms: float = 0.0) -> None:
+        """``wait``: what the host does in place of each decode's kernels for ``wait_ms`` ms:
+        nothing, sleep (an idle core, as a blocking wait for a GPU leaves it) or spin."""
         self.truth: list[int] = []
         real_decode_rows = backend.LlamaContext.decode_rows
 
@@ -63,8 +66,35 @@ class Replay:
             return truth[p + 1] if p + 1 < len(truth) and truth[p] == tokens[i] else NOT_DRAFTED
 
         backend.LlamaContext.decode_rows = decode_rows
-        backend.lc.llama_decode = lambda ctx, batch: 0
+        self.waits: list[float] = []  # seconds of each stand-in wait
+        pause = {"none": None, "sleep": time.sleep, "spin": _spin}[wait]
+
+        real_sync, self.prefilling = sequence.KVSequence.sync, False
+
+        def sync(seq, tokens):  # the prefill: no stand-in wait, not in the generation's clock
+            self.prefilling = True
+            try:
+                return real_sync(seq, tokens)
+            finally:
+                self.prefilling = False
+
+        sequence.KVSequence.sync = sync
+
+        def decode(ctx, batch):
+            if pause is not None and not self.prefilling:
+                start = time.perf_counter()
+                pause(wait_ms / 1e3)
+                self.waits.append(time.perf_counter() - start)
+            return 0
+
+        backend.lc.llama_decode = decode
         rows.Rows.greedy = greedy
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def measure(engine: Engine, texts: list[list[int]], prompts: list[list[int]], tokens: int, replay: Replay) -> dict:
@@ -72,10 +102,11 @@ def measure(engine: Engine, texts: list[list[int]], prompts: list[list[int]], to
     for text, prompt in zip(texts, prompts):
         replay.truth = text
         engine.reset()
+        replay.waits.clear()
         done = engine.decoder.generate(prompt, GenerationRequest(max_tokens=tokens, sampling=SamplingParams()))
         if list(prompt) + list(done.token_ids) != text[:len(prompt) + len(done.token_ids)]:
             raise SystemExit("the replay left the recorded answer: a bug in the replay")
-        gen += done.stats.gen_s
+        gen += done.stats.gen_s - sum(replay.waits)
         steps += done.stats.spec.steps if done.stats.spec else done.stats.generated_tokens
         emitted += done.stats.generated_tokens
     return {"steps": steps, "tokens": emitted, "host_ms_per_step": 1e3 * gen / steps,
@@ -95,6 +126,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--placement", default="cpu", help="where the answers are decoded (the replay decodes nothing)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--wait", choices=("none", "sleep", "spin"), default="none",
+                    help="in place of each decode's kernels: nothing, a sleep or a spin of --wait-ms")
+    ap.add_argument("--wait-ms", type=float, default=2.0)
     a = ap.parse_args()
     wanted = set(filter(None, a.categories.split(",")))
     suite = [p for p in load_suite(a.suite) if not wanted or p.category in wanted]
@@ -105,7 +139,7 @@ def main() -> None:
                    else engine.text_tokens(p.text) for p in chosen]
         texts = answers(engine, prompts, a.tokens)
     runs = []
-    replay = Replay()
+    replay = Replay(a.wait, a.wait_ms)
     for _ in range(a.repeats):  # a fresh engine each: the suffix index remembers earlier answers
         with Engine(config) as engine:
             start = time.perf_counter()

@@ -103,7 +103,7 @@ def main() -> None:
     for name in ("fill", "pad"):
         timed(Batch, name, "batch")
     timed(KVSequence, "_commit", "commit")
-    timed(OutputStream, "push", "output")
+    timed(OutputStream, "push_step", "output")
     wanted = set(filter(None, a.categories.split(",")))
     suite = [p for p in load_suite(a.suite) if not wanted or p.category in wanted]
     prompts = select(suite, a.limit, "test")

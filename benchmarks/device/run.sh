@@ -397,7 +397,7 @@ stage_start() {
     if [[ ! -f "$W/venv/.installed-cuda" ]]; then
         BUDGET_S=1500 OUT="$W/bg/make" setsid nohup bash benchmarks/device/run.sh makebuild > "$W/bg/make.log" 2>&1 < /dev/null &
     fi
-    if [[ ! -x "$W/build/bin/llama-speculative-simple" ]]; then
+    if [[ ! -x "$W/build/bin/llama-speculative-simple" && ${PEERS:-1} == 1 ]]; then  # PEERS=0: no native peers
         BUDGET_S=1500 OUT="$W/bg/out" setsid nohup bash benchmarks/device/run.sh build > "$W/bg/build.log" 2>&1 < /dev/null &
     fi
     cd "$ROOT" && echo started
@@ -608,6 +608,27 @@ stage_host() {
         --configs plain,suffix,auto
 }
 
+# Where a step's host time goes beyond its Python: the CPU threads of a target wholly on the GPU,
+# and the step's Python after a wait (spun or slept) as long as a verification's kernels.
+stage_hostwait() {
+    wait_for "$W/venv/.installed-cuda" 500 || return 1
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m t w
+    local py=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/python")
+    for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    for w in none spin sleep; do
+        [[ -s "$W/results/real-hostwait-replay-$w.json" ]] || run 40 "${py[@]}" benchmarks/host_replay.py \
+            "$W/results/real-hostwait-replay-$w.json" --model qwen2.5-coder-1.5b --placement gpu --threads 8 \
+            --wait $w --wait-ms 5 --repeats 5 > "$W/results/real-hostwait-replay-$w.log" 2>&1
+        tail -1 "$W/results/real-hostwait-replay-$w.log"
+    done
+    for t in 1 8; do
+        [[ -s "$W/results/real-hostwait-profile-t$t.json" ]] || run 60 "${py[@]}" benchmarks/device/profile_step.py \
+            qwen2.5-coder-1.5b "$W/results/real-hostwait-profile-t$t.json" gpu $t 256 --no-warm \
+            > "$W/results/real-hostwait-profile-t$t.log" 2>&1
+        tail -1 "$W/results/real-hostwait-profile-t$t.log"
+    done
+}
+
 collect() {
     set +x
     python3 - "$W/results" "$OUT" <<'PY'
@@ -644,7 +665,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host|hostwait) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done
