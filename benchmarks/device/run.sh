@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real trip graphtiming sizes kernels host (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip graphtiming sizes kernels host hostwait (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
