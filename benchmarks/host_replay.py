@@ -1,7 +1,8 @@
 """The host's share of a speculative step, without the kernels: a step's Python measured alone.
 
-    host_replay.py OUT.json [--model M] [--draft suffix|auto] [--suite S] [--categories A,B]
-        [--limit N] [--tokens N] [--repeats N] [--profile]
+    host_replay.py OUT.json [--model M] [--placement P] [--draft suffix|auto|plain] [--suite S]
+        [--categories A,B] [--limit N] [--tokens N] [--repeats N] [--profile]
+        [--wait spin|sleep --wait-ms MS]
 
 Plain greedy decoding first writes each prompt's answer with the real model on this machine.
 Then every step runs again with llama_decode turned into a no-op, and each row's greedy pick
@@ -22,7 +23,7 @@ import json
 import pstats
 import time
 
-from edgespec.bench.prompts import load_suite, select
+from edgespec.bench.prompts import load_suite, prompt_tokens, select
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
@@ -135,8 +136,7 @@ def main() -> None:
     chosen = select(suite, a.limit, "test")
     config = EngineConfig(model=a.model, draft=None if a.draft == "plain" else a.draft, placement=a.placement, n_threads=a.threads)
     with Engine(config) as engine:
-        prompts = [engine.chat_tokens([{"role": "user", "content": p.text}]) if p.templated
-                   else engine.text_tokens(p.text) for p in chosen]
+        prompts = [prompt_tokens(engine, p) for p in chosen]
         texts = answers(engine, prompts, a.tokens)
     runs = []
     replay = Replay(a.wait, a.wait_ms)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from edgespec.bench.prompts import load_suite, select
+from edgespec.bench.prompts import load_suite, prompt_tokens, select
 from edgespec.decode.loop import Decoder
 from edgespec.decode.request import GenerationRequest
 from edgespec.decode.sampling import SamplingParams
@@ -30,8 +30,7 @@ def answers(target: str, placement: str, on: bool, prompts) -> dict:
             decoder = engine.decoder if draft else Decoder(engine.model, engine.seq)
             for k, p in enumerate(prompts):
                 engine.reset()
-                tokens = engine.chat_tokens([{"role": "user", "content": p.text}]) if p.templated \
-                    else engine.text_tokens(p.text)
+                tokens = prompt_tokens(engine, p)
                 done = decoder.generate(tokens, GenerationRequest(max_tokens=TOKENS, sampling=SamplingParams()))
                 out[f"{'spec' if draft else 'plain'}-{k}"] = list(done.token_ids)
             out[f"picking-{'spec' if draft else 'plain'}"] = engine.ctx._greedy.attached

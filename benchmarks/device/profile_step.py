@@ -21,7 +21,7 @@ import json
 import time
 from collections import defaultdict
 
-from edgespec.bench.prompts import load_suite, select
+from edgespec.bench.prompts import load_suite, prompt_tokens, select
 from edgespec.decode.loop import Decoder
 from edgespec.decode.output import OutputStream
 from edgespec.decode.sequence import KVSequence
@@ -60,8 +60,7 @@ def profile(engine: Engine, prompts, draft: bool) -> dict:
     total = steps = tokens = prefill = 0.0
     for p in prompts:
         engine.reset()
-        tokens_in = engine.chat_tokens([{"role": "user", "content": p.text}]) if p.templated \
-            else engine.text_tokens(p.text)
+        tokens_in = prompt_tokens(engine, p)
         done = decoder.generate(tokens_in,
                                 GenerationRequest(max_tokens=TOKENS, sampling=SamplingParams()))
         total += done.stats.gen_s

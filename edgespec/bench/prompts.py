@@ -146,3 +146,11 @@ def conversation(p: BenchPrompt, answers: Sequence[str] = ()) -> list[dict]:
     for user, answer in zip(users, answers):
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
     return messages + [{"role": "user", "content": users[len(answers)]}]
+
+
+def prompt_tokens(engine, p: BenchPrompt, answers: Sequence[str] = ()) -> list[int]:
+    """What ``engine`` (edgespec.engine.Engine) decodes for turn ``len(answers) + 1`` of ``p``:
+    the conversation in the model's chat template, or the raw text."""
+    if p.templated:
+        return engine.chat_tokens(conversation(p, answers))
+    return engine.text_tokens(p.text)

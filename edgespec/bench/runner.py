@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from edgespec.bench import peers
 from edgespec.bench.machine import describe
-from edgespec.bench.prompts import BenchPrompt, conversation
+from edgespec.bench.prompts import BenchPrompt, conversation, prompt_tokens
 from edgespec.bench.summary import IN_LAYOUT, PLAIN, Record, interleaved_order, summarize
 from edgespec.drafters import NAMES, DraftConfig, default_draft_model, kind_of
 from edgespec.drafters.factory import make_drafter
@@ -316,12 +316,6 @@ def _planned_draft(configs: list[str]) -> str:
     return "auto" if any(base_config(c) in MODEL_CONFIGS or base_config(c) == "auto" for c in configs) else "suffix"
 
 
-def _prompt_tokens(engine: Engine, p: BenchPrompt, answers: Sequence[str] = ()) -> list[int]:
-    if p.templated:
-        return engine.chat_tokens(conversation(p, answers))
-    return engine.text_tokens(p.text)
-
-
 def _run_one(engine, runners, p: BenchPrompt, answers: list[str], config: str, repeat: int,
              settings: BenchSettings):
     """One turn (``len(answers) + 1``) of ``p`` under ``config``; None when it was skipped."""
@@ -342,7 +336,7 @@ def _run_one(engine, runners, p: BenchPrompt, answers: list[str], config: str, r
         log.warning("%s skipped: the drafter model does not fit the %s RAM / %s VRAM budgets of the %s placement",
                     config, format_bytes(p_.ram_budget), format_bytes(p_.vram_budget), p_.placement)
         return None
-    tokens = _prompt_tokens(engine, p, answers)
+    tokens = prompt_tokens(engine, p, answers)
     shared_s = 0.0
     if not settings.share_prefill:
         engine.reset()
