@@ -73,7 +73,9 @@ def _sit_out(state: dict, drafter: str, loaded: bool) -> None:
 def _writer() -> ThreadPoolExecutor:
     """The thread that writes what a request learned once it has ended (``save_after``): the
     read, the write and its fsync took ~1 ms on the dev VM, inside the request's clock, and an
-    H200 decodes a 20-token answer in ~40 ms."""
+    H200 decodes a 20-token answer in ~40 ms. Not the thread beside the prefill
+    (edgespec.decode.sequence): a request's start reads the memory there, and would wait on a
+    write queued behind it."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-policy")
 
 
