@@ -97,9 +97,9 @@ EXACT = typer.Option(False, "--exact",
                           "5-10% slower, a 16-token verification about twice the cost). The target must run "
                           "on the CPU.")
 GREEDY_ON_BACKEND = typer.Option(True, "--backend-greedy/--no-backend-greedy",
-                                 help="Plain greedy decoding with the target's output layer on a GPU: the GPU "
-                                      "picks each token and only its id comes back (default), or the logits "
-                                      "come back and the CPU picks.")
+                                 help="With the target's output layer on a GPU, the GPU picks each greedy token "
+                                      "and a sampled row's largest logits, and only those come back (default), "
+                                      "or whole rows of logits come back and the CPU picks.")
 FLASH_ATTN = typer.Option(None, "--flash-attn/--no-flash-attn",
                           help="The target's attention kernel (default for a target on the CPU: on with edgespec's "
                                "CPU kernels, whose rows keep their bits in any batch; off without them, where it "

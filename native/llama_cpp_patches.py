@@ -43,7 +43,7 @@ class PatchError(RuntimeError):
 # property check still guards every replay, so two graphs that
 # share a slot (row counts mod 256, or pointers that use bits 48-63) cost a rebuild, never a
 # wrong result. An empty graph, or a 32-bit build, keeps llama.cpp's own key. A graph that ends
-# in the outputs' argmax (OUTPUT_ARGMAX) counts its outputs by the argmax's length.
+# in the outputs' argmax or top k (OUTPUT_ARGMAX) counts its outputs by their length.
 PER_SHAPE_KEY = Patch(
     "graphs-per-shape", CUDA,
     "static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {\n"
@@ -53,8 +53,9 @@ PER_SHAPE_KEY = Patch(
     "#if UINTPTR_MAX > 0xffffffffu\n"
     "    if (cgraph->n_nodes > 0) {\n"
     "        const uintptr_t rows = (uintptr_t) (cgraph->nodes[0]->ne[1] & 0xff) << 48;\n"
-    "        const ggml_tensor * last = cgraph->nodes[cgraph->n_nodes - 1];  // logits, or their argmax\n"
-    "        const uintptr_t outs = (uintptr_t) (last->ne[last->op == GGML_OP_ARGMAX ? 0 : 1] & 0xff) << 56;\n"
+    "        const ggml_tensor * last = cgraph->nodes[cgraph->n_nodes - 1];  // logits, their argmax or top k\n"
+    "        const int dim = last->op == GGML_OP_ARGMAX ? 0 : last->op == GGML_OP_GET_ROWS ? 2 : 1;\n"
+    "        const uintptr_t outs = (uintptr_t) (last->ne[dim] & 0xff) << 56;\n"
     "        return (const void *) (((uintptr_t) cgraph->nodes[0]) ^ rows ^ outs);\n"
     "    }\n"
     "#endif\n"
@@ -88,6 +89,7 @@ MODEL_CPP = "vendor/llama.cpp/src/llama-model.cpp"
 CONTEXT_H = "vendor/llama.cpp/src/llama-context.h"
 CONTEXT_CPP = "vendor/llama.cpp/src/llama-context.cpp"
 ARGMAX_API = ("llama_set_output_argmax", "llama_get_argmax_ith")  # edgespec.llama.rows binds these
+TOPK_API = ("llama_set_output_topk", "llama_get_topk_ith")
 
 
 def _after(name: str, path: str, anchor: str, added: str) -> Patch:
@@ -110,21 +112,34 @@ OUTPUT_ARGMAX = (
     // The argmax of the ith token's logits (indices as llama_get_logits_ith); LLAMA_TOKEN_NULL
     // for an invalid id or with output argmax off.
     LLAMA_API llama_token llama_get_argmax_ith(struct llama_context * ctx, int32_t i);
+    // While k > 0, a decode copies back each output row's k largest logits and their token ids
+    // (in no order) instead of its logits; 0 (the default) turns it off.
+    LLAMA_API void llama_set_output_topk(struct llama_context * ctx, int32_t k);
+    // The ith token's top k (indices as llama_get_logits_ith) into ids[k] and logits[k]; returns
+    // k, or -1 for an invalid id or with output top-k off.
+    LLAMA_API int32_t llama_get_topk_ith(struct llama_context * ctx, int32_t i, llama_token * ids, float * logits);
 """),
     _after("argmax-cparams", CPARAMS, "    bool causal_attn;\n",
-           "    bool output_argmax = false; // @MARK\n"),
+           "    bool output_argmax = false; // @MARK\n    int32_t output_topk = 0;\n"),
     _before("argmax-reuse", GRAPH_H,
             "            cparams.causal_attn             == other.cparams.causal_attn             &&\n",
-            "            cparams.output_argmax           == other.cparams.output_argmax           && // @MARK\n"),
+            "            cparams.output_argmax           == other.cparams.output_argmax           && // @MARK\n"
+            "            cparams.output_topk             == other.cparams.output_topk             &&\n"),
     _after("argmax-result", GRAPH_H,
            "    ggml_tensor * t_h_nextn     = nullptr; // [n_embd, n_outputs] hidden state before final output norm\n",
-           "    ggml_tensor * t_argmax      = nullptr; // [n_outputs] I32, with output argmax on (@MARK)\n"),
+           "    ggml_tensor * t_argmax      = nullptr; // [n_outputs] I32, with output argmax on (@MARK)\n"
+           "    ggml_tensor * t_topk        = nullptr; // [k, n_outputs] I32 and\n"
+           "    ggml_tensor * t_topk_logits = nullptr; // [1, k, n_outputs] F32, with output top-k on\n"),
     _after("argmax-reset", GRAPH_CPP, "    t_h_nextn     = nullptr;\n",
-           "    t_argmax      = nullptr; // @MARK\n"),
+           "    t_argmax      = nullptr; // @MARK\n    t_topk        = nullptr;\n    t_topk_logits = nullptr;\n"),
     _after("argmax-output", GRAPH_CPP,
            "void llm_graph_result::set_outputs(const llm_graph_params & params) {\n", """\
     if (t_argmax != nullptr) { // @MARK
         ggml_set_output(t_argmax);
+    }
+    if (t_topk != nullptr) {
+        ggml_set_output(t_topk);
+        ggml_set_output(t_topk_logits);
     }
 """),
     _after("argmax-graph", MODEL_CPP, "    llm->build_sampling();\n", """
@@ -133,11 +148,25 @@ OUTPUT_ARGMAX = (
         llm->res->t_argmax = ggml_argmax(llm->ctx0, llm->res->t_logits);
         ggml_build_forward_expand(llm->gf, llm->res->t_argmax);
     }
+    // one top k over every output row, and those logits gathered row by row
+    if (params.cparams.output_topk > 0 && !params.cparams.output_argmax && llm->res->t_logits && params.n_outputs > 0) {
+        ggml_tensor * logits = llm->res->t_logits; // [n_vocab, n_outputs], contiguous
+        const int k = (int) std::min<int64_t>(params.cparams.output_topk, logits->ne[0]);
+        llm->res->t_topk = ggml_top_k(llm->ctx0, logits, k);
+        llm->res->t_topk_logits = ggml_get_rows(llm->ctx0,
+                ggml_reshape_3d(llm->ctx0, logits, 1, logits->ne[0], logits->ne[1]), llm->res->t_topk);
+        ggml_build_forward_expand(llm->gf, llm->res->t_topk_logits);
+    }
 """),
     _after("argmax-context", CONTEXT_H, "    float * get_logits_ith(int32_t i);\n", """\
     void        set_output_argmax(bool on); // @MARK
     llama_token get_argmax_ith(int32_t i);
     std::vector<llama_token> output_argmax;  // one per output row, in the logits' row order
+    void        set_output_topk(int32_t k);
+    int32_t     get_topk_ith(int32_t i, llama_token * ids, float * logits);
+    std::vector<llama_token> output_topk_ids;    // k per output row, in the logits' row order
+    std::vector<float>       output_topk_logits;
+    int32_t                  output_topk_k = 0;  // entries per row in those, 0: off
 """),
     _after("argmax-reserve", CONTEXT_CPP, """\
     // reserve output buffer
@@ -145,7 +174,16 @@ OUTPUT_ARGMAX = (
         LLAMA_LOG_ERROR("%s: could not reserve space for batch with %d outputs\\n", __func__, n_outputs_all);
         return -2;
     };
-""", "    output_argmax.assign(cparams.output_argmax ? n_outputs_all : 0, LLAMA_TOKEN_NULL); // @MARK\n"),
+""", """\
+    output_argmax.assign(cparams.output_argmax ? n_outputs_all : 0, LLAMA_TOKEN_NULL); // @MARK
+    {
+        const bool topk = cparams.output_topk > 0 && !cparams.output_argmax;
+        output_topk_k = topk ? (int32_t) std::min<int64_t>(cparams.output_topk, n_vocab) : 0;
+        const size_t n_topk = (size_t) n_outputs_all * output_topk_k;
+        output_topk_ids.assign(n_topk, LLAMA_TOKEN_NULL);
+        output_topk_logits.assign(n_topk, 0.0f);
+    }
+"""),
     Patch("argmax-extract", CONTEXT_CPP,
           "        if (logits.data && t_logits && n_outputs > 0 && needs_raw_logits(ubatch, sampling.samplers)) {\n",
           f"""\
@@ -156,7 +194,18 @@ OUTPUT_ARGMAX = (
             ggml_backend_tensor_get_async(backend_am, res->t_argmax, output_argmax.data() + n_outputs_prev, 0,
                                           n_outputs*sizeof(llama_token));
         }}
-        if (logits.data && t_logits && !res->t_argmax && n_outputs > 0 && needs_raw_logits(ubatch, sampling.samplers)) {{
+        if (res->t_topk && n_outputs > 0) {{
+            const int64_t k = res->t_topk->ne[0];
+            GGML_ASSERT((n_outputs_prev + n_outputs)*k <= (int64_t) output_topk_ids.size());
+            ggml_backend_t backend_tk = ggml_backend_sched_get_tensor_backend(sched.get(), res->t_topk);
+            ggml_backend_t backend_tl = ggml_backend_sched_get_tensor_backend(sched.get(), res->t_topk_logits);
+            GGML_ASSERT(backend_tk != nullptr && backend_tl != nullptr);
+            ggml_backend_tensor_get_async(backend_tk, res->t_topk, output_topk_ids.data() + n_outputs_prev*k, 0,
+                                          n_outputs*k*sizeof(llama_token));
+            ggml_backend_tensor_get_async(backend_tl, res->t_topk_logits, output_topk_logits.data() + n_outputs_prev*k, 0,
+                                          n_outputs*k*sizeof(float));
+        }}
+        if (logits.data && t_logits && !res->t_argmax && !res->t_topk && n_outputs > 0 && needs_raw_logits(ubatch, sampling.samplers)) {{
 """),
     _before("argmax-reorder", CONTEXT_CPP, """\
         if (!sampling.samplers.empty()) {
@@ -165,6 +214,11 @@ OUTPUT_ARGMAX = (
         if (!output_argmax.empty()) { // @MARK
             std::swap(output_argmax[i0], output_argmax[i1]);
         }
+        if (!output_topk_ids.empty()) {
+            const size_t k = output_topk_k;
+            std::swap_ranges(output_topk_ids.begin() + i0*k, output_topk_ids.begin() + (i0 + 1)*k, output_topk_ids.begin() + i1*k);
+            std::swap_ranges(output_topk_logits.begin() + i0*k, output_topk_logits.begin() + (i0 + 1)*k, output_topk_logits.begin() + i1*k);
+        }
 
 """),
     _before("argmax-methods", CONTEXT_CPP, "float * llama_context::get_embeddings() {\n", """\
@@ -172,6 +226,34 @@ void llama_context::set_output_argmax(bool on) { // @MARK
     if (cparams.output_argmax != on) {
         cparams.output_argmax = on;
         sched_need_reserve = true;
+    }
+}
+
+void llama_context::set_output_topk(int32_t k) {
+    k = std::max<int32_t>(k, 0);
+    if (cparams.output_topk != k) {
+        cparams.output_topk = k;
+        sched_need_reserve = true;
+    }
+}
+
+int32_t llama_context::get_topk_ith(int32_t i, llama_token * ids, float * logits) {
+    output_reorder();
+    try {
+        if (output_topk_k <= 0) {
+            throw std::runtime_error("output top-k is off");
+        }
+        const int64_t j = output_resolve_row(i);
+        const size_t k = output_topk_k;
+        if ((size_t) (j + 1)*k > output_topk_ids.size()) {
+            throw std::runtime_error("no top k for this row");
+        }
+        std::copy_n(output_topk_ids.begin() + j*k, k, ids);
+        std::copy_n(output_topk_logits.begin() + j*k, k, logits);
+        return (int32_t) k;
+    } catch (const std::exception & err) {
+        LLAMA_LOG_ERROR("%s: invalid top-k id %d, reason: %s\\n", __func__, i, err.what());
+        return -1;
     }
 }
 
@@ -202,6 +284,16 @@ llama_token llama_get_argmax_ith(llama_context * ctx, int32_t i) {
     ctx->synchronize();
 
     return ctx->get_argmax_ith(i);
+}
+
+void llama_set_output_topk(llama_context * ctx, int32_t k) {
+    ctx->set_output_topk(k);
+}
+
+int32_t llama_get_topk_ith(llama_context * ctx, int32_t i, llama_token * ids, float * logits) {
+    ctx->synchronize();
+
+    return ctx->get_topk_ith(i, ids, logits);
 }
 
 """),

@@ -165,15 +165,24 @@ class FakeModel:
 
 class FakeRows:
     """The rows of one fake decode, read as edgespec.llama.rows.Rows reads them: a row picked
-    on the backend gives its argmax and has no logits to read."""
+    on the backend gives its argmax and has no logits to read; with output top-k on (``top_k``)
+    every row gives its k largest logits, in no order, and no logits either."""
 
-    def __init__(self, read, picked: set[int]):
-        self._read, self._picked = read, picked
+    def __init__(self, read, picked: set[int], top_k: int = 0):
+        self._read, self._picked, self._top_k = read, picked, top_k
 
     def __call__(self, i: int) -> np.ndarray:
-        if i in self._picked:
+        if i in self._picked or self._top_k:
             raise BackendError(f"row {i} was picked on the backend: its logits were not copied back")
         return self._read(i)
+
+    def top(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        if not self._top_k:
+            return None
+        row = self._read(i)
+        ids = np.argpartition(-row, self._top_k - 1)[:self._top_k]
+        ids = ids[np.random.default_rng(i).permutation(len(ids))]  # the backend's order is none
+        return ids.astype(np.int64), row[ids]
 
     def greedy(self, i: int) -> int:
         return int(np.argmax(self._read(i)))  # the same argmax, wherever it is taken
@@ -192,7 +201,7 @@ class FakeContext:
 
     def __init__(self, model: FakeModel, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
                  n_ubatch: int | None = None, n_outputs_max: int | None = None, greedy_on_backend: bool = False,
-                 output_argmax: bool = False):
+                 output_argmax: bool = False, output_topk: bool = False):
         if not 1 <= n_seq_max <= 64:
             raise InvalidRequest("n_seq_max must be in [1, 64]")
         self.model = model
@@ -211,12 +220,21 @@ class FakeContext:
         self._closed = False
         self.greedy_on_backend = greedy_on_backend
         self.output_argmax = output_argmax  # a build with output argmax (every row), else seq 0's rows
+        self.output_topk = output_topk  # a build with output top-k
         self._picking = False
+        self._top_k = 0
 
     def pick_on_backend(self, on: bool, every_row: bool = False) -> bool:
         """As LlamaContext.pick_on_backend: flagged rows come back as their argmax only."""
         self._picking = on and self.greedy_on_backend and (self.output_argmax or not every_row)
         return self._picking
+
+    def top_on_backend(self, k: int) -> bool:
+        """As LlamaContext.top_on_backend: flagged rows come back as their k largest logits."""
+        on = k > 0 and self.output_topk and self.greedy_on_backend and not self._picking
+        if self.output_topk:
+            self._top_k = k if on else 0
+        return on
 
     @property
     def picking(self) -> bool:
@@ -235,6 +253,7 @@ class FakeContext:
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
                seq_ids: Sequence[Sequence[int]], logits: Sequence[bool]) -> np.ndarray:
         """The flagged rows' logits, [flagged, n_vocab] float32 in batch order."""
+        self._top_k = 0
         rows = self.decode_rows(tokens, positions, seq_ids, logits)
         flagged = [i for i in range(len(tokens)) if logits[i]]
         out = np.empty((len(flagged), self.model.n_vocab), np.float32)
@@ -284,7 +303,7 @@ class FakeContext:
 
         # output argmax picks every flagged row; llama.cpp's backend sampler those of sequence 0
         picked = {i for i in range(n) if flags[i] and self._picking and (self.output_argmax or seq_ids[i][0] == 0)}
-        return FakeRows(row, picked)
+        return FakeRows(row, picked, 0 if self._picking else self._top_k)
 
     def _run(self, tokens, positions, seq_ids, flags, cells) -> dict[int, np.ndarray]:
         out: dict[int, np.ndarray] = {}

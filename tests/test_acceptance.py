@@ -690,6 +690,25 @@ def test_lazy_rows_only_on_walked_path():
         assert again == acc  # array and function forms draw the same
 
 
+def test_supports_and_vectors_give_the_same_walk():
+    """A row given as its support (ids, probabilities) walks as its dense vector does, with the
+    same generator: the same coins and draws, trees with recorded q and without."""
+    V = 7
+    lm = ToyLM(V, 60)
+    for det_frac in (0.0, 0.5, 1.0):
+        drafter = ToyDrafter(ToyLM(V, 61), 62, det_frac=det_frac)
+        for i in range(300):
+            draft = build_draft([[[[]], []], [[]], []], drafter, np.random.default_rng(i))
+
+            def support(r, draft=draft):
+                p = np.asarray(lm(prefix_of(draft, r - 1)), np.float64)
+                ids = np.flatnonzero(p)
+                return ids, p[ids]
+
+            dense = accept_stochastic(draft, rows_array(draft, lm), np.random.default_rng(i))
+            assert accept_stochastic(draft, support, np.random.default_rng(i)) == dense
+
+
 class StubRng:
     """Returns fixed 'uniforms', to force branches a real generator reaches with prob ~0."""
 

@@ -115,6 +115,32 @@ def test_speculation_equals_plain_in_every_placement(mode, draft):
 
 
 @skip_without_gpu
+@pytest.mark.parametrize("draft", ["suffix", "model"])
+def test_sampling_from_the_gpus_largest_logits_draws_what_whole_rows_draw(draft):
+    """On the gpu placement a sampled request's rows come back as their largest logits (the
+    build's output top-k): plain and speculative sampling draw the same tokens from the same
+    seed as with whole rows copied back."""
+    req = GenerationRequest(max_tokens=TOKENS, ignore_eos=True, sampling=SamplingParams(temperature=0.8, seed=5))
+    answers = {}
+    for on in (True, False):
+        cfg = EngineConfig(model=str(TARGET), n_ctx=1024, placement="gpu", n_threads=8, draft=draft,
+                           draft_model=str(DRAFTER), draft_max=8, greedy_on_backend=on)
+        with Engine(cfg) as engine:
+            if draft == "model":
+                engine.drafter.min_confidence = 0.0
+            for name, decoder in (("plain", Decoder(engine.model, engine.seq)), ("spec", engine.decoder)):
+                engine.reset()
+                prompt = engine.chat_tokens([{"role": "user", "content": PROMPTS[1]}])
+                done = list(decoder.stream(prompt, req))[-1]
+                answers[name, on] = done.token_ids
+                top = engine.seq.ctx._top
+                assert (top is not None and top.k > 0) is on
+            assert draft != "model" or done.stats.spec.drafted > 0
+    assert answers["plain", True] == answers["plain", False]
+    assert answers["spec", True] == answers["spec", False]
+
+
+@skip_without_gpu
 @pytest.mark.parametrize("mode", ["draft-gpu", "overlap"])
 def test_exact_mode_beside_a_gpu_drafter(mode):
     """--exact with the drafter on the GPU and the target on this host's CPU: greedy speculation

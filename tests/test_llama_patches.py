@@ -49,9 +49,9 @@ def test_patches_apply_once_and_then_change_nothing(tmp_path):
     assert patches.PER_SHAPE_KEY.old not in text and "<< 48" in text
     assert f'{{ "{GRAPHS_PER_SHAPE}", "1" }}' in text and text.startswith("// head\n") and text.endswith("// tail\n")
     header = (root / patches.LLAMA_H).read_text()
-    assert all(f"{name}(struct llama_context * ctx" in header for name in patches.ARGMAX_API)
+    assert all(f"{name}(struct llama_context * ctx" in header for name in patches.ARGMAX_API + patches.TOPK_API)
     context = (root / patches.CONTEXT_CPP).read_text()
-    assert all(f"{name}(llama_context * ctx" in context for name in patches.ARGMAX_API)
+    assert all(f"{name}(llama_context * ctx" in context for name in patches.ARGMAX_API + patches.TOPK_API)
     before = {p.path: (root / p.path).read_text() for p in patches.PATCHES}
     assert patches.apply_all(root) == [] and all((root / k).read_text() == v for k, v in before.items())
 
@@ -80,7 +80,7 @@ def test_the_script_says_one_line_and_exits_2_on_a_wrong_folder(tmp_path):
 # What the patched key reads of llama.cpp's structs, and a main that prints its keys.
 KEY_HARNESS = r"""#include <cstdint>
 #include <cstdio>
-enum ggml_op { GGML_OP_NONE, GGML_OP_ARGMAX };
+enum ggml_op { GGML_OP_NONE, GGML_OP_ARGMAX, GGML_OP_GET_ROWS };
 struct ggml_tensor { int64_t ne[4]; ggml_op op; };
 struct ggml_cgraph { int n_nodes; ggml_tensor ** nodes; };
 @KEY@
@@ -93,6 +93,8 @@ int main() {
     }
     b.op = GGML_OP_ARGMAX; b.ne[0] = 7; b.ne[1] = 1; a.ne[1] = 9;  // the outputs' argmax: [7] ids
     std::printf("%llx\n", (unsigned long long) ((uintptr_t) ggml_cuda_graph_get_key(&g) ^ (uintptr_t) &a));
+    b.op = GGML_OP_GET_ROWS; b.ne[0] = 1; b.ne[1] = 40; b.ne[2] = 5;  // the outputs' top k: [1, 40, 5] logits
+    std::printf("%llx\n", (unsigned long long) ((uintptr_t) ggml_cuda_graph_get_key(&g) ^ (uintptr_t) &a));
     g.n_nodes = 0;
     std::printf("%llx\n", (unsigned long long) ((uintptr_t) ggml_cuda_graph_get_key(&g) ^ (uintptr_t) &a));
 }
@@ -102,7 +104,8 @@ int main() {
 def test_the_patched_key_compiles_and_keys_each_shape(tmp_path):
     """The C++ the patch puts in ggml-cuda.cu (host code there), built by this machine's compiler:
     the key is the first node's address with (rows, outputs) mod 256 in bits 48-63, so shapes get
-    their own map slots (outputs counted by the argmax's length where the graph ends in it); an
+    their own map slots (outputs counted by the argmax's length or the top k's rows where the graph
+    ends in them); an
     empty graph keeps llama.cpp's key."""
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
@@ -112,7 +115,8 @@ def test_the_patched_key_compiles_and_keys_each_shape(tmp_path):
     subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(src)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
     assert [int(x, 16) for x in out] == [(1 << 48) | (1 << 56), (9 << 48) | (9 << 56), (9 << 48) | (1 << 56),
-                                         (1 << 48) | (1 << 56), (9 << 48) | (7 << 56), 0]  # 257 rows share 1's slot
+                                         (1 << 48) | (1 << 56), (9 << 48) | (7 << 56), (9 << 48) | (5 << 56),
+                                         0]  # 257 rows share 1's slot
 
 
 def test_the_pinned_source_takes_the_patches(tmp_path):

@@ -432,6 +432,39 @@ def test_greedy_picks_on_the_backend_give_plain_greedys_answers(kind, output_arg
     assert_cache_is_mirror(plain.seq)
 
 
+@pytest.mark.parametrize("kind", ["suffix", "model-chain", "model-tree", "auto"])
+def test_sampling_from_the_backends_largest_logits_draws_what_whole_rows_draw(kind):
+    """With output top-k a sampled request's rows come back as their largest logits only (ids
+    and logits, in no order; reading a whole row raises). Plain and speculative sampling then
+    draw the same tokens from the same seed as with whole rows, greedy requests still get
+    picks, and the context's rows are whole again for a request that needs them."""
+    rng = np.random.default_rng(13)
+    sampling = [SamplingParams(temperature=0.9, top_k=12, seed=3),
+                SamplingParams(temperature=1.2, top_k=8, top_p=0.9, repeat_penalty=1.3, repeat_last_n=6, seed=4)]
+    for params in sampling:
+        prompt = random_prompt(rng, 30)
+        answers = {}
+        for on in (False, True):
+            ctx = FakeContext(TARGET, n_ctx=N_CTX, n_batch=64, n_seq_max=9, n_outputs_max=VERIFY_ROWS,
+                              greedy_on_backend=True, output_argmax=True, output_topk=on)
+            plain = Decoder(TARGET, KVSequence(ctx))
+            spec = Decoder(TARGET, plain.seq, SpeculativeStep(DRAFTERS[kind](), 8))
+            answers["plain", on] = plain.generate(prompt, request(40, sampling=params)).token_ids
+            assert ctx._top_k == (params.top_k + (params.repeat_last_n if params.repeat_penalty > 1 else 0)) * on
+            if on:
+                with pytest.raises(BackendError, match="picked on the backend"):
+                    plain.seq.append(answers["plain", on][0]).logits()
+                plain.seq.trim(len(plain.seq) - 1)
+            done = spec.generate(prompt, request(40, sampling=params))
+            answers["spec", on] = done.token_ids
+            assert done.stats.spec.drafted > 0
+            assert list(plain.generate(prompt, request(20)).token_ids) == TARGET.greedy(prompt, 20, stop_at_eos=True)
+            assert ctx._picking and ctx._top_k == 0
+            assert_cache_is_mirror(plain.seq)
+        assert answers["plain", True] == answers["plain", False]
+        assert answers["spec", True] == answers["spec", False]
+
+
 @pytest.mark.parametrize("kind", ["suffix", "model-tree", "auto"])
 def test_exact_up_to_a_full_context(kind):
     """The context-length check ends both loops at the same token."""

@@ -498,6 +498,9 @@ class _DecodeLog:
         self.picks.append((on, every_row))
         return False
 
+    def top_on_backend(self, k: int) -> bool:
+        return False
+
     def decode(self, tokens, positions, seq_ids, logits):
         self.sizes.append(len(tokens))
 

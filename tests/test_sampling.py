@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.decode.sampling import (SamplingParams, apply_repeat_penalty, greedy_token, pick_token,
-                                     sample_from, sample_support, target_probs, target_support)
+from edgespec.decode.sampling import (SamplingParams, apply_repeat_penalty, backend_top_k, greedy_token,
+                                     pick_token, sample_from, sample_support, support_of_top, target_probs,
+                                     target_support)
 
 EMPTY = np.zeros(0, np.int64)
 
@@ -86,6 +87,36 @@ def test_the_support_is_the_whole_vector_and_draws_the_same_tokens(params):
         draws = [sample_from(full, a) for _ in range(20)]
         assert draws == [sample_support(ids, p, b) for _ in range(20)]
         assert draws[0] == pick_token(logits, params, list(recent), c)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7),
+                                    SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0),
+                                    SamplingParams(temperature=0.5, top_k=200, top_p=0.5, min_p=0.0),
+                                    SamplingParams(temperature=1.0, top_k=3, repeat_penalty=1.3),
+                                    SamplingParams(temperature=0.8, top_k=40, repeat_penalty=1.1, repeat_last_n=16)])
+def test_the_largest_logits_give_the_support_of_the_whole_row(params):
+    """A row's backend_top_k(params) largest logits, in any order, give target_support's ids
+    and probabilities (a repetition penalty can push recent tokens out of the top-k only)."""
+    rng = np.random.default_rng(5)
+    k = backend_top_k(params)
+    assert k == params.top_k + (params.repeat_last_n if params.repeat_penalty > 1 else 0)
+    for trial in range(20):
+        logits = (rng.standard_normal(151936) * 4).astype(np.float32)
+        recent = rng.integers(0, 151936, 64)
+        if trial % 2:  # the recent tokens among the largest, where the penalty moves them
+            recent = np.argpartition(-logits, 2 * k)[:min(len(recent), 2 * k)][rng.permutation(min(64, 2 * k))]
+        recent = recent[-params.repeat_last_n:] if params.repeat_penalty != 1.0 else np.zeros(0, np.int64)
+        top = rng.permutation(np.argpartition(-logits, k - 1)[:k])
+        ids, p = support_of_top(top, logits[top], params, recent)
+        want_ids, want_p = target_support(logits, params, recent)
+        assert ids.tolist() == want_ids.tolist()
+        np.testing.assert_allclose(p, want_p, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=0),
+                                    SamplingParams(temperature=0.7, repeat_penalty=0.9)])
+def test_no_top_holds_the_support_without_top_k_or_with_a_raising_penalty(params):
+    assert backend_top_k(params) == 0
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5),

@@ -2,11 +2,13 @@
 
     profile_step.py TARGET.gguf OUT.json [PLACEMENT [THREADS [TOKENS]]]
         [--draft suffix|auto] [--suite code-edit-test|specbench] [--categories A,B] [--limit N]
+        [--temperature T]
 
 For plain decoding and for speculation (suffix by default) on held-out prompts (code edits by
-default), with greedy picks on the GPU and without, the time per step split into:
+default), with the rows' picks on the GPU and without (greedy: argmax; ``--temperature``: each
+row's largest logits), the time per step split into:
 llama_decode plus the wait for its kernels (``decode``), reading rows (``rows``: logits copies and
-argmax, or the sampled token ids), the drafter's ``propose`` (auto's whole choice), its
+argmax, the picked token ids, or the largest logits), the drafter's ``propose`` (auto's whole choice), its
 ``observe`` (what a step teaches it), filling the batch (``batch``), keeping the accepted path
 in the cache (``commit``), the output's text and stop checks (``output``), and the rest (the
 step's Python, acceptance). ``begin_ms_per_request``: the request's start (the suffix index
@@ -54,6 +56,9 @@ def timed(owner, name: str, key: str, sync=None):
     setattr(owner, name, wrapper)
 
 
+SAMPLING = SamplingParams()
+
+
 def profile(engine: Engine, prompts, draft: bool) -> dict:
     decoder = engine.decoder if draft else Decoder(engine.model, engine.seq)
     clock.clear(), counts.clear()
@@ -62,7 +67,7 @@ def profile(engine: Engine, prompts, draft: bool) -> dict:
         engine.reset()
         tokens_in = prompt_tokens(engine, p)
         done = decoder.generate(tokens_in,
-                                GenerationRequest(max_tokens=TOKENS, sampling=SamplingParams()))
+                                GenerationRequest(max_tokens=TOKENS, sampling=SAMPLING))
         total += done.stats.gen_s
         prefill += done.stats.prompt_eval_s  # the prompt's decodes: not a step's
         tokens += done.stats.generated_tokens
@@ -81,7 +86,7 @@ def profile(engine: Engine, prompts, draft: bool) -> dict:
 
 
 def main() -> None:
-    global TOKENS
+    global TOKENS, SAMPLING
     ap = argparse.ArgumentParser()
     ap.add_argument("target")
     ap.add_argument("out")
@@ -93,11 +98,13 @@ def main() -> None:
     ap.add_argument("--categories", default="", help="comma-separated; default every one")
     ap.add_argument("--limit", type=int, default=1, help="prompts per category")
     ap.add_argument("--no-warm", action="store_true", help="only GPU picks on, no warm-up answer")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests (seed 0)")
     a = ap.parse_args()
     TOKENS = a.tokens
+    SAMPLING = SamplingParams(temperature=a.temperature, seed=0 if a.temperature > 0 else None)
     lc = backend.lc
     timed(backend.lc, "llama_decode", "decode", sync=lc.llama_synchronize)
-    for name in ("__call__", "greedy"):
+    for name in ("__call__", "greedy", "top"):
         timed(rows.Rows, name, "rows")
     for name in ("fill", "pad"):
         timed(Batch, name, "batch")
@@ -125,7 +132,8 @@ def main() -> None:
         r["host_share_of_one_token"] = (r["ms_per_step"] - r["decode_ms_per_step"]) / one[r["greedy_on_backend"]]
     with open(a.out, "w") as f:
         json.dump({"target": a.target, "placement": a.placement, "tokens": TOKENS, "draft": a.draft,
-                   "suite": a.suite, "categories": sorted(wanted), "runs": results}, f, indent=1)
+                   "suite": a.suite, "categories": sorted(wanted), "temperature": a.temperature,
+                   "runs": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real trip graphtiming sizes kernels host hostwait (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip graphtiming sizes kernels host hostwait sampled (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -629,6 +629,28 @@ stage_hostwait() {
     done
 }
 
+# Sampled requests with each verified row's largest logits taken on the GPU (output top-k) and,
+# with --no-backend-greedy, with whole rows copied back: the step's profile and bench, each way.
+stage_sampled() {
+    wait_for "$W/venv/.installed-cuda" 500 || return 1
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m s
+    local py=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/python")
+    for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    for s in code-edit-test specbench; do
+        [[ -s "$W/results/real-sampled-profile-$s.json" ]] || run 120 "${py[@]}" benchmarks/device/profile_step.py \
+            qwen2.5-coder-1.5b "$W/results/real-sampled-profile-$s.json" gpu 8 256 --temperature 0.7 --suite $s \
+            > "$W/results/real-sampled-profile-$s.log" 2>&1
+        tail -4 "$W/results/real-sampled-profile-$s.log"
+    done
+    local sets=("specbench-test2:--suite specbench --split test2" "codeedit:--suite code-edit-test") x
+    for x in "${sets[@]}"; do
+        real "sampled-gpu-${x%%:*}" 150 ${x#*:} --limit 2 --max-tokens 256 --placement gpu --temperature 0.7 \
+            --configs plain,suffix,auto
+        real "sampled-gpu-${x%%:*}-rows" 150 ${x#*:} --limit 2 --max-tokens 256 --placement gpu --temperature 0.7 \
+            --configs plain,suffix,auto --no-backend-greedy
+    done
+}
+
 collect() {
     set +x
     python3 - "$W/results" "$OUT" <<'PY'
@@ -665,7 +687,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host|hostwait) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host|hostwait|sampled) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done

@@ -410,6 +410,9 @@ class _Ctx:
     def pick_on_backend(self, on: bool, every_row: bool = False) -> bool:
         return False  # a trace's rows are logits
 
+    def top_on_backend(self, k: int) -> bool:
+        return False
+
 
 class _Row:
     """One row of a trace (edgespec.llama.rows.Row's interface)."""
@@ -423,6 +426,9 @@ class _Row:
     def greedy(self) -> int:
         return int(np.argmax(self._logits))
 
+    def top(self) -> None:
+        return None  # a trace's rows are logits
+
 
 class _Verification:
     def __init__(self, seq: TraceSequence, pending: int, draft: DraftTree):
@@ -430,6 +436,9 @@ class _Verification:
         self._depth = draft.depth()
         self.committed = False
         self.rows = self  # edgespec.llama.rows.Rows's interface: rows(r), rows.greedy(r)
+
+    def top(self, r: int) -> None:
+        return None
 
     def greedy(self, r: int) -> int:
         return int(np.argmax(self(r)))

@@ -18,7 +18,7 @@ import numpy as np
 from edgespec.decode.events import DoneEvent, GenerationStats, TokenEvent
 from edgespec.decode.output import OutputStream
 from edgespec.decode.request import GenerationRequest
-from edgespec.decode.sampling import SamplingParams, argmax_decides, pick_from_row
+from edgespec.decode.sampling import SamplingParams, argmax_decides, backend_top_k, pick_from_row
 from edgespec.decode.sequence import KVSequence, start_beside
 from edgespec.errors import InvalidRequest
 from edgespec.memory.rss import PeakRSS
@@ -88,6 +88,7 @@ class Decoder:
         with PeakRSS() as rss:
             t0 = time.perf_counter()
             seq.ctx.pick_on_backend(argmax_decides(params) and not self.step.needs_logits, self.step.verifies)
+            seq.ctx.top_on_backend(0 if self.step.needs_logits else backend_top_k(params))
             try:
                 # The step starts beside the prefill: indexing a prompt for the suffix drafter
                 # takes about 10 µs a token on the host, while the prefill waits on its kernels.

@@ -183,10 +183,43 @@ def target_support(logits: np.ndarray, params: SamplingParams, recent: np.ndarra
     penalized = apply_repeat_penalty(logits, recent, params.repeat_penalty)
     if params.greedy:
         return np.array([int(np.argmax(penalized))]), np.ones(1)
+    return _support(penalized, params)
+
+
+def _support(penalized: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Sampling's support among ``penalized`` (a row's logits after the penalty, or those of its
+    candidates in ascending token order): positions in ascending order and their probabilities."""
     ids = np.sort(candidate_ids(penalized, params))
     probs = _softmax(penalized[ids].astype(np.float64) / params.temperature)
     keep = probs != 0.0  # the entries sample_from reads from the whole vector (flatnonzero)
     return ids[keep], probs[keep]
+
+
+def backend_top_k(params: SamplingParams) -> int:
+    """How many of a row's largest logits hold its whole ``target_support``, so that the backend
+    may return those instead of the row (edgespec.llama.rows); 0 where none do. The penalty
+    lowers recent tokens only (penalty > 1), so at most ``repeat_last_n`` of them drop out of
+    the top; a penalty below 1 can raise any token, and without top-k every token may count."""
+    if params.greedy or params.top_k == 0 or params.repeat_penalty < 1.0:
+        return 0
+    return params.top_k + (params.repeat_last_n if params.repeat_penalty > 1.0 else 0)
+
+
+def support_of_top(ids: np.ndarray, logits: np.ndarray, params: SamplingParams,
+                   recent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``target_support`` of a row of which only its ``backend_top_k(params)`` largest logits
+    (``logits`` at token ``ids``, in any order) are known: the same ids and probabilities."""
+    order = np.argsort(ids)
+    ids, values = ids[order], logits[order]
+    if params.repeat_penalty != 1.0 and len(recent):
+        hit = np.isin(ids, recent)
+        values = values.copy()
+        values[hit] = np.where(values[hit] > 0, values[hit] / params.repeat_penalty,
+                               values[hit] * params.repeat_penalty)
+    if params.greedy:
+        return ids[[int(np.argmax(values))]], np.ones(1)
+    where, probs = _support(values, params)
+    return ids[where], probs
 
 
 def target_probs(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> np.ndarray:
@@ -244,12 +277,22 @@ def argmax_decides(params: SamplingParams) -> bool:
     return params.greedy and params.repeat_penalty == 1.0
 
 
+def row_support(row, params: SamplingParams, recent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``target_support`` of a decoded row (edgespec.llama.rows.Row): from the largest logits
+    where the backend returned only those, else from the row's logits."""
+    top = row.top()
+    if top is not None:
+        return support_of_top(top[0], top[1], params, recent)
+    return target_support(row.logits(), params, recent)
+
+
 def pick_from_row(row, params: SamplingParams, history: Sequence[int], rng: np.random.Generator) -> int:
     """``pick_token`` for a decoded row (edgespec.llama.rows.Row): its logits are read only when
-    the argmax alone does not decide."""
+    the argmax alone does not decide, and only its largest where the backend returns those."""
     if argmax_decides(params):
         return row.greedy()
-    return pick_token(row.logits(), params, history, rng)
+    ids, probs = row_support(row, params, recent_window(history, params))
+    return int(ids[0]) if params.greedy else sample_support(ids, probs, rng)
 
 
 def top2_gap(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> float:

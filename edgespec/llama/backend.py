@@ -33,7 +33,7 @@ from llama_cpp import _ggml
 from edgespec.files.modelfile import model_file
 from edgespec.llama.kernels import KV_CACHE_TYPES
 from edgespec.llama.batch import Batch
-from edgespec.llama.rows import OUTPUT_ARGMAX, ArgmaxPicks, BackendGreedy, Rows
+from edgespec.llama.rows import OUTPUT_ARGMAX, OUTPUT_TOPK, ArgmaxPicks, BackendGreedy, OutputTopK, Rows
 from edgespec.errors import BackendError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -492,6 +492,7 @@ class LlamaContext:
         self._batch = Batch(self.n_batch, self.n_seq_max)
         self._generation = 0  # bumps on every decode; stale lazy logits readers refuse to read
         self._greedy = ArgmaxPicks(self._ctx) if OUTPUT_ARGMAX else BackendGreedy(self._ctx)
+        self._top = OutputTopK(self._ctx) if OUTPUT_TOPK else None
 
     def pick_on_backend(self, on: bool, every_row: bool = False) -> bool:
         """Whether flagged rows come back as the backend's greedy pick (a token id, see
@@ -499,6 +500,15 @@ class LlamaContext:
         returns whether that is now the case. ``every_row``: the caller decodes many rows of
         several sequences (a verification), which only output argmax picks in one op."""
         return self._greedy.set(on and self.params.greedy_on_backend and (self._greedy.every_row or not every_row))
+
+    def top_on_backend(self, k: int) -> bool:
+        """Whether flagged rows come back as their ``k`` largest logits (edgespec.llama.rows; 0:
+        as logits) where ``params.greedy_on_backend`` allows picks on the backend and the build
+        can; returns whether that is now the case. Only while the backend picks no argmax."""
+        on = k > 0 and self._top is not None and self.params.greedy_on_backend and not self._greedy.attached
+        if self._top is not None:
+            self._top.set(k if on else 0)
+        return on
 
     @property
     def picking(self) -> bool:
@@ -523,6 +533,8 @@ class LlamaContext:
                 flagged rows than ``n_outputs_max``, a sequence id out of range or a bad token id.
             BackendError: llama.cpp could not find room in the KV cache or failed.
         """
+        if self._top is not None:
+            self._top.set(0)  # whole rows, whatever the last request took
         rows = self.decode_rows(tokens, positions, seq_ids, logits)
         flagged = [i for i in range(len(tokens)) if logits[i]]
         out = np.empty((len(flagged), self.model.n_vocab), dtype=np.float32)
@@ -560,7 +572,8 @@ class LlamaContext:
         self._generation += 1
         generation = self._generation
         return Rows(self._ctx, self.model.n_vocab, list(logits), lambda: generation == self._generation,
-                    self._greedy.read if self._greedy.attached else None)
+                    self._greedy.read if self._greedy.attached else None,
+                    self._top.read if self._top is not None and self._top.k and not self._greedy.attached else None)
 
     # -- KV cache edits -----------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:

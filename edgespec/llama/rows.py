@@ -9,7 +9,9 @@ per row instead of the vocabulary's floats:
   argmax and a copy per row (a plain 1.5B token on an H200: 1.85 ms against 1.91 reading logits;
   a verification: 5.80 ms against 5.65, so verifications read logits there).
 Rows it did not pick come back as logits and their greedy token is their argmax, so every caller
-reads the same thing either way.
+reads the same thing either way. Sampling needs a row's largest logits only (its top-k, with the
+few a repetition penalty may push out: edgespec.decode.sampling.backend_top_k); with the same patch
+``OutputTopK`` takes them on the backend, and ``Rows.top`` returns k ids and logits a row.
 """
 from __future__ import annotations
 
@@ -38,15 +40,34 @@ _ARGMAX = _argmax_api()
 OUTPUT_ARGMAX = _ARGMAX is not None  # this build picks every row's argmax in one op
 
 
+def _topk_api():
+    """The build's output top-k functions (set, get), or None for a build without them."""
+    try:
+        lib = lc.llama_cpp._lib
+        set_fn, get_fn = lib.llama_set_output_topk, lib.llama_get_topk_ith
+    except AttributeError:
+        return None
+    set_fn.argtypes, set_fn.restype = [ctypes.c_void_p, ctypes.c_int32], None
+    get_fn.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
+    get_fn.restype = ctypes.c_int32
+    return set_fn, get_fn
+
+
+_TOPK = _topk_api()
+OUTPUT_TOPK = _TOPK is not None  # this build can return every row's k largest logits in one op
+
+
 class Rows:
     """The flagged rows of one decode, valid until the next decode on its context."""
 
     def __init__(self, ctx_ptr, n_vocab: int, flags: list[bool], current: Callable[[], bool],
-                 picking: Callable[[object, int], int] | None):
+                 picking: Callable[[object, int], int] | None,
+                 topping: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None):
         """``picking``: how the backend's pick of a row is read (``ArgmaxPicks`` or
-        ``BackendGreedy``'s ``read``, LLAMA_TOKEN_NULL where it picked none), None: no picks."""
+        ``BackendGreedy``'s ``read``, LLAMA_TOKEN_NULL where it picked none), None: no picks.
+        ``topping``: how a row's largest logits are read (``OutputTopK.read``), None: not taken."""
         self._ctx, self._n_vocab, self._flags, self._current = ctx_ptr, n_vocab, flags, current
-        self._picking = picking
+        self._picking, self._topping = picking, topping
 
     def _picked(self, i: int) -> int | None:
         """Row ``i``'s token where the backend picked it, else None (its logits came back)."""
@@ -62,14 +83,28 @@ class Rows:
 
     def __call__(self, i: int) -> np.ndarray:
         """Row ``i``'s logits [n_vocab] (a copy)."""
-        if self._picked(i) is not None:
+        if self._picked(i) is not None or self._topping is not None:
             raise BackendError(f"row {i} was picked on the backend: its logits were not copied back")
         return self._logits(i).copy()
 
+    def top(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Row ``i``'s largest logits as (token ids, logits), in no order, where the backend
+        returned only those; None where the row's logits came back."""
+        if self._topping is None:
+            return None
+        self._picked(i)  # the checks
+        return self._topping(i)
+
     def greedy(self, i: int) -> int:
-        """Row ``i``'s argmax: the backend's pick where it made one, else read from the logits."""
+        """Row ``i``'s argmax: the backend's pick where it made one, else read from the logits
+        (or from the largest of them)."""
         token = self._picked(i)
-        return token if token is not None else int(np.argmax(self._logits(i)))
+        if token is not None:
+            return token
+        top = self.top(i)
+        if top is not None:
+            return int(top[0][np.argmax(top[1])])
+        return int(np.argmax(self._logits(i)))
 
     def row(self, i: int) -> "Row":
         return Row(self, i)
@@ -88,6 +123,9 @@ class Row:
 
     def greedy(self) -> int:
         return self._rows.greedy(self._i)
+
+    def top(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self._rows.top(self._i)
 
 
 class ArgmaxPicks:
@@ -110,6 +148,29 @@ class ArgmaxPicks:
 
     def close(self) -> None:
         self.attached = False
+
+
+class OutputTopK:
+    """Output top-k on one context: while ``k`` > 0 every flagged row comes back as its k largest
+    logits and their token ids (edgespec's llama.cpp patch, one op over all rows)."""
+
+    def __init__(self, ctx_ptr):
+        self._ctx = ctx_ptr
+        self.k = 0
+
+    def set(self, k: int) -> int:
+        """Takes each row's ``k`` largest logits from the next decode on (0: off; llama.cpp
+        reserves its graphs again on a change); returns k."""
+        if k != self.k:
+            _TOPK[0](self._ctx, k)
+            self.k = k
+        return k
+
+    def read(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        ids, logits = np.empty(self.k, np.int32), np.empty(self.k, np.float32)
+        if _TOPK[1](self._ctx, i, ids.ctypes.data, logits.ctypes.data) != self.k:
+            raise BackendError(f"no top-{self.k} logits for row {i} (see llama.cpp's log)")
+        return ids.astype(np.int64), logits
 
 
 class BackendGreedy:

@@ -27,7 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.decode.tree import DraftTree
-from edgespec.decode.sampling import sample_from
+from edgespec.decode.sampling import sample_from, sample_support
+
+# A row's target distribution as its support: token ids in ascending order and their
+# probabilities (edgespec.decode.sampling.target_support), or a dense [V] vector.
+Support = tuple[np.ndarray, np.ndarray]
 
 # A residual whose mass is below this fraction of its row is treated as empty. Reaching a
 # residual costs a rejection whose probability equals that residual's (unnormalized) mass, so
@@ -127,7 +131,17 @@ def _draft_q(draft: DraftTree, child: int) -> tuple[np.ndarray, np.ndarray] | No
     return np.asarray(draft.q_ids[child]), np.asarray(draft.q_probs[child], dtype=np.float64)
 
 
-def _verify_siblings(p: np.ndarray, children: list[int], draft: DraftTree,
+def _as_support(p: Support | np.ndarray) -> Support:
+    """A row's distribution as (ids ascending, probabilities): a dense vector's nonzero entries,
+    which ``sample_support`` draws from exactly as ``sample_from`` draws from the vector."""
+    if isinstance(p, tuple):
+        return np.asarray(p[0]), np.asarray(p[1], dtype=np.float64)
+    p = np.asarray(p)
+    ids = np.flatnonzero(p)
+    return ids, p[ids].astype(np.float64)
+
+
+def _verify_siblings(p: Support, children: list[int], draft: DraftTree,
                      q_ids: np.ndarray, q_base: np.ndarray,
                      rng: np.random.Generator) -> tuple[int | None, int | None]:
     """Recursive rejection sampling over siblings drawn without replacement from one q.
@@ -140,16 +154,22 @@ def _verify_siblings(p: np.ndarray, children: list[int], draft: DraftTree,
     own ``r`` exactly, and stage 0 outputs ``p``. Zeroing ``x_k`` wastes nothing: a rejection
     needs ``r(x_k) < q_k(x_k)``, so the residual has no mass at ``x_k`` any more.
 
+    Every residual lives on ``p``'s support (``max(0, 0 - q)`` is 0), so it is kept there: a
+    row costs what its support holds (40 tokens under the default top-k), not the vocabulary.
+
     Args:
-        p: [V] the target's distribution at the parent's row (not modified).
+        p: the target's distribution at the parent's row (ids ascending, probabilities).
         children: sibling node indices in drawing order.
         q_ids, q_base: [m] the parent's draft distribution (before any sibling was removed).
     Returns:
         (accepted child, None) or (None, bonus token drawn from the last residual).
     """
-    z_row = float(p.sum())
-    residual, z = p, z_row  # residual is unnormalized; z is its mass
+    ids, probs = p
+    z_row = float(probs.sum())
+    residual, z = probs, z_row  # residual is unnormalized (over ids); z is its mass
     weights = q_base.copy()  # [m] q with earlier siblings zeroed (unnormalized)
+    at = np.minimum(np.searchsorted(ids, q_ids), len(ids) - 1)
+    on = ids[at] == q_ids  # [m] q's ids that are in p's support, at residual[at]
     for child in children:
         token = int(draft.tokens[child])
         hit = np.flatnonzero(q_ids == token)
@@ -161,25 +181,27 @@ def _verify_siblings(p: np.ndarray, children: list[int], draft: DraftTree,
             continue
         # Accept with probability min(1, (r(x)/z) / q_k(x)), without dividing: r(x) = 0 never
         # accepts, r(x) >= z q_k(x) always does (u < 1).
-        if rng.random() * qx * z < residual[token]:
+        rx = float(residual[at[hit[0]]]) if on[hit[0]] else 0.0
+        if rng.random() * qx * z < rx:
             return child, None
-        if residual is p:
-            residual = p.astype(np.float64, copy=True)  # [V] the one dense copy per row
-        # r <- max(0, r - q_k): q_k is sparse, so only its ids change (scaled to r's mass),
-        # and the new mass follows from those entries alone (no O(V) pass per rejection).
-        old = residual[q_ids]  # [m]
-        new = np.maximum(old - z * (weights / mass), 0.0)
-        residual[q_ids] = new
+        if residual is probs:
+            residual = probs.copy()
+        # r <- max(0, r - q_k): only q's ids in the support change (scaled to r's mass), and
+        # the new mass follows from those entries alone.
+        old = residual[at[on]]
+        new = np.maximum(old - z * (weights[on] / mass), 0.0)
+        residual[at[on]] = new
         z -= float((old - new).sum())
         if z <= _VANISHED * z_row:
             # p <= q_k everywhere, so the rejection had probability ~0; don't divide by ~0.
-            return None, sample_from(p, rng)
+            return None, sample_support(ids, probs, rng)
         weights[hit[0]] = 0.0
-    return None, sample_from(residual, rng)
+    keep = residual > 0
+    return None, sample_support(ids[keep], residual[keep], rng)
 
 
 def accept_stochastic(draft: DraftTree,
-                      target_p: Callable[[int], np.ndarray] | np.ndarray,
+                      target_p: Callable[[int], Support | np.ndarray] | np.ndarray,
                       rng: np.random.Generator) -> Acceptance:
     """Exact acceptance under sampling: emitted tokens are distributed as target samples.
 
@@ -197,7 +219,8 @@ def accept_stochastic(draft: DraftTree,
     Args:
         draft: the verified draft tree (``n`` nodes).
         target_p: [n+1, V] the target's probabilities per row (row 0 = root, row i+1 = after
-            node i), or a function row -> [V] so only rows on the walked path get computed.
+            node i), or a function of the row, giving its support (ids ascending, probabilities)
+            or a [V] vector, so only rows on the walked path get computed.
         rng: the request's generator (``rng.random()`` for coins, ``sample_from`` for draws).
     Returns:
         The accepted path and the bonus token.
@@ -207,17 +230,17 @@ def accept_stochastic(draft: DraftTree,
     path: list[int] = []
     node = -1
     while True:
-        p = np.asarray(row_p(node + 1))  # [V]
+        p = _as_support(row_p(node + 1))
         children = kids.get(node, [])
         q = _draft_q(draft, children[0]) if children else None
         if q is not None:
             nxt, bonus = _verify_siblings(p, children, draft, q[0], q[1], rng)
         elif children:
-            x = sample_from(p, rng)
+            x = sample_support(*p, rng)
             nxt = next((c for c in children if int(draft.tokens[c]) == x), None)
             bonus = None if nxt is not None else x
         else:
-            nxt, bonus = None, sample_from(p, rng)
+            nxt, bonus = None, sample_support(*p, rng)
         if nxt is None:
             return Acceptance(tuple(path), int(bonus))
         path.append(nxt)

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import SamplingParams, argmax_decides, greedy_token, recent_window, target_probs, top2_gap
+from edgespec.decode.sampling import (SamplingParams, argmax_decides, greedy_token, recent_window, support_of_top,
+                                     target_support, top2_gap)
 from edgespec.decode.sequence import KVSequence
 from edgespec.spec.drafter import Drafter
 from edgespec.spec.acceptance import Acceptance, accept_greedy, accept_stochastic
@@ -50,8 +51,13 @@ class _PathRows:
     def gap(self, r: int) -> float:  # greedy: how far row r's choice leads the runner-up
         return top2_gap(self._rows(r), self._params, self._recent(r))
 
-    def probs(self, r: int) -> np.ndarray:  # sampling: the exact target distribution at row r
-        return target_probs(self._rows(r), self._params, self._recent(r))
+    def support(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sampling: the exact target distribution at row r, as (token ids, probabilities): from
+        the row's largest logits where the backend returned only those."""
+        top = self._rows.top(r)
+        if top is not None:
+            return support_of_top(top[0], top[1], self._params, self._recent(r))
+        return target_support(self._rows(r), self._params, self._recent(r))
 
 
 class _Ahead:
@@ -134,7 +140,7 @@ class SpeculativeStep:
             if self._params.greedy:
                 acc = accept_greedy(draft, rows)
             else:
-                acc = accept_stochastic(draft, rows.probs, self._rng)
+                acc = accept_stochastic(draft, rows.support, self._rng)
             near_tie = self._near_tie(rows, draft, acc.path) if self._params.greedy else None
             verification.commit(acc.path if near_tie is None else acc.path[:near_tie])
         if near_tie is not None:
