@@ -68,8 +68,8 @@ class EngineConfig:
     # row is computed bit for bit as a one-token decode, so greedy speculation returns exactly
     # the answer plain greedy decoding gives under the same kernels. Verifies chains only.
     exact: bool = False
-    # Plain greedy decoding (no drafter) has the GPU pick the target's tokens where its output
-    # layer is there (edgespec.llama.rows): a token id comes back instead of the logits.
+    # With the target's output layer on a GPU, the GPU picks greedy tokens (a token id comes back
+    # instead of the logits) and a sampled row's largest logits (edgespec.llama.rows).
     greedy_on_backend: bool = True
 
     def __post_init__(self) -> None:
