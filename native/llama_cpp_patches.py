@@ -152,11 +152,7 @@ OUTPUT_ARGMAX = (
     if (params.cparams.output_topk > 0 && !params.cparams.output_argmax && llm->res->t_logits && params.n_outputs > 0) {
         ggml_tensor * logits = llm->res->t_logits; // [n_vocab, n_outputs], contiguous
         const int k = (int) std::min<int64_t>(params.cparams.output_topk, logits->ne[0]);
-        // LLAMA_OUTPUT_TOPK_SORT=1: one sort of every row (argsort) instead of a top k per row
-        const char * sort = getenv("LLAMA_OUTPUT_TOPK_SORT");
-        llm->res->t_topk = sort != nullptr && atoi(sort) > 0
-            ? ggml_cont(llm->ctx0, ggml_argsort_top_k(llm->ctx0, logits, k))
-            : ggml_top_k(llm->ctx0, logits, k);
+        llm->res->t_topk = ggml_top_k(llm->ctx0, logits, k);
         llm->res->t_topk_logits = ggml_get_rows(llm->ctx0,
                 ggml_reshape_3d(llm->ctx0, logits, 1, logits->ne[0], logits->ne[1]), llm->res->t_topk);
         ggml_build_forward_expand(llm->gf, llm->res->t_topk_logits);

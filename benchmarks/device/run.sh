@@ -631,29 +631,21 @@ stage_hostwait() {
 
 # Sampled requests with each verified row's largest logits taken on the GPU (output top-k) and,
 # with --no-backend-greedy, with whole rows copied back: the step's profile and bench, each way.
-# SORTS="0 1": the top k taken per row (0) or by one sort of every row (1), names ending -sortN.
 stage_sampled() {
     wait_for "$W/venv/.installed-cuda" 500 || return 1
-    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m s v tag
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m s
+    local py=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/python")
     for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
-    local sets=("specbench-test2:--suite specbench --split test2" "codeedit:--suite code-edit-test") x
-    for v in ${SORTS:-0}; do
-        tag=$([[ ${SORTS:-0} == 0 ]] || echo "-sort$v")
-        ENVS=(LLAMA_OUTPUT_TOPK_SORT=$v)
-        for s in code-edit-test specbench; do
-            [[ -s "$W/results/real-sampled-profile-$s$tag.json" ]] || run 120 env "${OWN[@]}" "${ENVS[@]}" \
-                EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/python" benchmarks/device/profile_step.py qwen2.5-coder-1.5b \
-                "$W/results/real-sampled-profile-$s$tag.json" gpu 8 256 --temperature 0.7 --suite $s \
-                > "$W/results/real-sampled-profile-$s$tag.log" 2>&1
-            tail -4 "$W/results/real-sampled-profile-$s$tag.log"
-        done
-        for x in "${sets[@]}"; do
-            real "sampled-gpu-${x%%:*}$tag" 150 ${x#*:} --limit 2 --max-tokens 256 --placement gpu --temperature 0.7 \
-                --configs plain,suffix,auto
-        done
+    for s in code-edit-test specbench; do
+        [[ -s "$W/results/real-sampled-profile-$s.json" ]] || run 120 "${py[@]}" benchmarks/device/profile_step.py \
+            qwen2.5-coder-1.5b "$W/results/real-sampled-profile-$s.json" gpu 8 256 --temperature 0.7 --suite $s \
+            > "$W/results/real-sampled-profile-$s.log" 2>&1
+        tail -4 "$W/results/real-sampled-profile-$s.log"
     done
-    ENVS=()
+    local sets=("specbench-test2:--suite specbench --split test2" "codeedit:--suite code-edit-test") x
     for x in "${sets[@]}"; do
+        real "sampled-gpu-${x%%:*}" 150 ${x#*:} --limit 2 --max-tokens 256 --placement gpu --temperature 0.7 \
+            --configs plain,suffix,auto
         real "sampled-gpu-${x%%:*}-rows" 150 ${x#*:} --limit 2 --max-tokens 256 --placement gpu --temperature 0.7 \
             --configs plain,suffix,auto --no-backend-greedy
     done
