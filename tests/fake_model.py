@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgespec.errors import BackendError, InvalidRequest
-from edgespec.llama.backend import rows_allowed
+from edgespec.llama.backend import TOP_K_MAX, rows_allowed
 from edgespec.llama.rows import Row
 
 _K = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible mod 2**64
@@ -231,9 +231,9 @@ class FakeContext:
 
     def top_on_backend(self, k: int) -> bool:
         """As LlamaContext.top_on_backend: flagged rows come back as their k largest logits."""
-        on = k > 0 and self.output_topk and self.greedy_on_backend and not self._picking
+        on = 0 < k <= TOP_K_MAX and self.output_topk and self.greedy_on_backend and not self._picking
         if self.output_topk:
-            self._top_k = k if on else 0
+            self._top_k = min(k, self.model.n_vocab) if on else 0
         return on
 
     @property

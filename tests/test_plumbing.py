@@ -35,6 +35,7 @@ from edgespec.spec.step import SpeculativeStep
 from edgespec.decode.tree import DraftTree
 from edgespec.decode.verify import fit_draft, is_chain, leaves_of, main_path, path_layout
 from fake_model import BOS, FakeContext, FakeModel, KVLayoutError
+from edgespec.llama.backend import TOP_K_MAX
 
 TARGET = FakeModel(n_vocab=96, seed=0)
 # Shares the target's base logits, plus its own noise: agrees with the target most of the time.
@@ -463,6 +464,15 @@ def test_sampling_from_the_backends_largest_logits_draws_what_whole_rows_draw(ki
             assert_cache_is_mirror(plain.seq)
         assert answers["plain", True] == answers["plain", False]
         assert answers["spec", True] == answers["spec", False]
+
+
+def test_a_top_k_past_the_largest_the_backend_returns_reads_whole_rows():
+    ctx = FakeContext(TARGET, n_ctx=N_CTX, greedy_on_backend=True, output_topk=True)
+    plain = Decoder(TARGET, KVSequence(ctx))
+    for top_k, taken in ((40, 40), (TOP_K_MAX, TARGET.n_vocab), (TOP_K_MAX + 1, 0), (0, 0)):
+        params = SamplingParams(temperature=0.9, top_k=top_k, seed=2)
+        done = plain.generate(random_prompt(np.random.default_rng(top_k), 10), request(8, sampling=params))
+        assert ctx._top_k == taken and len(done.token_ids) == 8
 
 
 @pytest.mark.parametrize("kind", ["suffix", "model-tree", "auto"])

@@ -242,6 +242,11 @@ class ContextParams:
     graph_sizes: tuple[int, ...] = ()
 
 
+# The most logits a row may come back as (output top-k): 8 bytes an entry, against 4 bytes a
+# vocabulary entry for the whole row (608 KB for Qwen's 152k tokens).
+TOP_K_MAX = 1024
+
+
 def padded_size(n: int, sizes: Sequence[int]) -> int:
     """The batch size ``n`` tokens are decoded as: the smallest of ``sizes`` that holds them, else
     ``n``."""
@@ -504,10 +509,12 @@ class LlamaContext:
     def top_on_backend(self, k: int) -> bool:
         """Whether flagged rows come back as their ``k`` largest logits (edgespec.llama.rows; 0:
         as logits) where ``params.greedy_on_backend`` allows picks on the backend and the build
-        can; returns whether that is now the case. Only while the backend picks no argmax."""
-        on = k > 0 and self._top is not None and self.params.greedy_on_backend and not self._greedy.attached
+        can; returns whether that is now the case. Only while the backend picks no argmax, and
+        for k up to TOP_K_MAX."""
+        on = (0 < k <= TOP_K_MAX and self._top is not None and self.params.greedy_on_backend
+              and not self._greedy.attached)
         if self._top is not None:
-            self._top.set(k if on else 0)
+            self._top.set(min(k, self.model.n_vocab) if on else 0)  # llama.cpp takes no more
         return on
 
     @property

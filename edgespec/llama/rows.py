@@ -24,36 +24,22 @@ import numpy as np
 from edgespec.errors import BackendError
 
 
-def _argmax_api():
-    """The build's output-argmax functions (set, get), or None for a build without the patch."""
+def _bind(set_name: str, get_name: str, set_args: list, get_args: list):
+    """The build's (set, get) functions of one of edgespec's output patches, typed; None for a
+    build without them."""
     try:
         lib = lc.llama_cpp._lib
-        set_fn, get_fn = lib.llama_set_output_argmax, lib.llama_get_argmax_ith
+        set_fn, get_fn = getattr(lib, set_name), getattr(lib, get_name)
     except AttributeError:
         return None
-    set_fn.argtypes, set_fn.restype = [ctypes.c_void_p, ctypes.c_bool], None
-    get_fn.argtypes, get_fn.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32
+    set_fn.argtypes, set_fn.restype = [ctypes.c_void_p] + set_args, None
+    get_fn.argtypes, get_fn.restype = [ctypes.c_void_p, ctypes.c_int32] + get_args, ctypes.c_int32
     return set_fn, get_fn
 
 
-_ARGMAX = _argmax_api()
+_ARGMAX = _bind("llama_set_output_argmax", "llama_get_argmax_ith", [ctypes.c_bool], [])
 OUTPUT_ARGMAX = _ARGMAX is not None  # this build picks every row's argmax in one op
-
-
-def _topk_api():
-    """The build's output top-k functions (set, get), or None for a build without them."""
-    try:
-        lib = lc.llama_cpp._lib
-        set_fn, get_fn = lib.llama_set_output_topk, lib.llama_get_topk_ith
-    except AttributeError:
-        return None
-    set_fn.argtypes, set_fn.restype = [ctypes.c_void_p, ctypes.c_int32], None
-    get_fn.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
-    get_fn.restype = ctypes.c_int32
-    return set_fn, get_fn
-
-
-_TOPK = _topk_api()
+_TOPK = _bind("llama_set_output_topk", "llama_get_topk_ith", [ctypes.c_int32], [ctypes.c_void_p, ctypes.c_void_p])
 OUTPUT_TOPK = _TOPK is not None  # this build can return every row's k largest logits in one op
 
 
