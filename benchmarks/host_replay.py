@@ -20,6 +20,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import time
 
@@ -150,7 +151,7 @@ def main() -> None:
             if profiler:
                 profiler.disable()
                 buf = io.StringIO()
-                pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(30)
+                pstats.Stats(profiler, stream=buf).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(30)
                 print(buf.getvalue())
             runs[-1]["wall_s"] = time.perf_counter() - start
             print(json.dumps(runs[-1]), flush=True)
