@@ -36,7 +36,7 @@ MODEL_TESTS = {
     "test_auto_select": {"test_engine_loads_the_drafter_only_when_its_calibration_pays",
                          "test_a_planned_load_leaves_out_a_drafter_that_cannot_pay_and_says_so"},
     "test_bench": {"test_short_real_run_json_schema", "test_shared_prefill_evaluates_each_prompt_once",
-                   "test_all_turns_share_plain_history"},
+                   "test_all_turns_share_plain_history", "test_sampled_runs_compare_no_answers_with_plain"},
     "test_bench_peers": {"test_real_llama_cpp_draft_run", "test_real_llama_cpp_ngram_mod_run",
                          "test_real_llama_cpp_plain_run", "test_real_llama_cpp_python_pld_run"},
     "test_budget": {"test_a_budgeted_load_builds_what_the_plan_planned",

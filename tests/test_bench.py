@@ -315,3 +315,18 @@ def test_all_turns_share_plain_history(tmp_path, model_path):
     assert by[("two", 2, "suffix")].same_as_plain is not None
     assert "chat (turn 2)" in result.summary["suffix"]
     assert result.settings["turns"] == "all"
+
+
+def test_sampled_runs_compare_no_answers_with_plain(tmp_path, model_path):
+    """A sampled answer follows its drafts (they consume the seed differently), so a sampled
+    bench says nothing about answers identical to plain's; a greedy one does."""
+    from edgespec.bench.runner import run_bench
+
+    model_path("smollm2-135m")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "one", "category": "chat", "turns": ["Name a fruit."]}) + "\n")
+    for temperature, compared in ((0.7, False), (0.0, True)):
+        settings = BenchSettings(EngineConfig(model="smollm2-135m"), max_tokens=8, temperature=temperature)
+        result = run_bench(load_prompts(prompts), ["plain", "suffix"], settings)
+        suffix = next(r for r in result.records if r.config == "suffix")
+        assert (suffix.same_as_plain is not None) is compared

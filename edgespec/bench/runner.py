@@ -285,7 +285,7 @@ def run_bench(prompts: list[BenchPrompt], configs: list[str], settings: BenchSet
                     plain_text[key] = rec.text
                 else:  # another layout's kernels may part at near-ties: exactness is within a layout
                     ref = layout_text if config != IN_LAYOUT and key in layout_text else plain_text
-                    if key in ref:
+                    if key in ref and settings.temperature == 0:  # sampled answers follow their drafts
                         rec.same_as_plain = rec.text == ref[key]
                     if config == IN_LAYOUT:
                         layout_text[key] = rec.text
