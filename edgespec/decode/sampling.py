@@ -74,9 +74,13 @@ def apply_repeat_penalty(logits: np.ndarray, recent: np.ndarray, penalty: float)
         return logits
     out = logits.copy()
     ids = np.unique(recent)
-    vals = out[ids]
-    out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    out[ids] = _penalized(out[ids], penalty)
     return out
+
+
+def _penalized(values: np.ndarray, penalty: float) -> np.ndarray:
+    """Recent tokens' logits under the penalty: positive ones divided, negative ones multiplied."""
+    return np.where(values > 0, values / penalty, values * penalty)
 
 
 def greedy_token(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> int:
@@ -214,8 +218,7 @@ def support_of_top(ids: np.ndarray, logits: np.ndarray, params: SamplingParams,
     if params.repeat_penalty != 1.0 and len(recent):
         hit = np.isin(ids, recent)
         values = values.copy()
-        values[hit] = np.where(values[hit] > 0, values[hit] / params.repeat_penalty,
-                               values[hit] * params.repeat_penalty)
+        values[hit] = _penalized(values[hit], params.repeat_penalty)
     if params.greedy:
         return ids[[int(np.argmax(values))]], np.ones(1)
     where, probs = _support(values, params)
