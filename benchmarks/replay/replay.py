@@ -437,8 +437,8 @@ class _Verification:
         self.committed = False
         self.rows = self  # edgespec.llama.rows.Rows's interface: rows(r), rows.greedy(r)
 
-    def top(self, r: int) -> None:
-        return None
+    def row(self, r: int) -> _Row:
+        return _Row(self(r))
 
     def greedy(self, r: int) -> int:
         return int(np.argmax(self(r)))

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.decode.sampling import (SamplingParams, argmax_decides, greedy_token, recent_window, support_of_top,
-                                     target_support, top2_gap)
+from edgespec.decode.sampling import SamplingParams, argmax_decides, greedy_token, recent_window, row_support, top2_gap
 from edgespec.decode.sequence import KVSequence
 from edgespec.spec.drafter import Drafter
 from edgespec.spec.acceptance import Acceptance, accept_greedy, accept_stochastic
@@ -54,10 +53,7 @@ class _PathRows:
     def support(self, r: int) -> tuple[np.ndarray, np.ndarray]:
         """Sampling: the exact target distribution at row r, as (token ids, probabilities): from
         the row's largest logits where the backend returned only those."""
-        top = self._rows.top(r)
-        if top is not None:
-            return support_of_top(top[0], top[1], self._params, self._recent(r))
-        return target_support(self._rows(r), self._params, self._recent(r))
+        return row_support(self._rows.row(r), self._params, self._recent(r))
 
 
 class _Ahead:
