@@ -55,12 +55,16 @@ class Rows:
         self._ctx, self._n_vocab, self._flags, self._current = ctx_ptr, n_vocab, flags, current
         self._picking, self._topping = picking, topping
 
-    def _picked(self, i: int) -> int | None:
-        """Row ``i``'s token where the backend picked it, else None (its logits came back)."""
+    def _check(self, i: int) -> None:
+        """Row ``i`` is readable: flagged, and no later decode overwrote it."""
         if not self._current():
             raise RuntimeError("logits read after a later decode overwrote them")
         if not (0 <= i < len(self._flags) and self._flags[i]):
             raise IndexError(f"row {i} was not flagged for logits")
+
+    def _picked(self, i: int) -> int | None:
+        """Row ``i``'s token where the backend picked it, else None (its logits came back)."""
+        self._check(i)
         token = self._picking(self._ctx, i) if self._picking is not None else lc.LLAMA_TOKEN_NULL
         return None if token == lc.LLAMA_TOKEN_NULL else int(token)
 
@@ -78,7 +82,7 @@ class Rows:
         returned only those; None where the row's logits came back."""
         if self._topping is None:
             return None
-        self._picked(i)  # the checks
+        self._check(i)
         return self._topping(i)
 
     def greedy(self, i: int) -> int:
