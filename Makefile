@@ -34,9 +34,11 @@ TEST_MODELS := $(DEMO_MODELS) smollm2-135m gemma3-270m
 
 .PHONY: demo test install models test-models clean
 
-# pip and the build backend go in with the interpreter's own pip where it has `--python` (pip
-# 22.3+): 3 s, against 6.5 for the venv's bundled pip and its upgrade; else that way.
-BUILD_TOOLS := pip "setuptools>=70.1" wheel
+# pip and the build backends go in with the interpreter's own pip where it has `--python` (pip
+# 22.3+): 3 s, against 6.5 for the venv's bundled pip and its upgrade; else that way. The install
+# runs without build isolation, so llama-cpp-python's backend (scikit-build-core) must be here too:
+# where pip has no built wheel of it cached, it builds from its source archive.
+BUILD_TOOLS := pip "setuptools>=70.1" wheel "scikit-build-core[pyproject]>=0.9.2"
 $(BIN)/python:
 	$(PYTHON) -m venv --without-pip $(VENV)
 	$(PYTHON) -m pip --python $(BIN)/python install --quiet --no-compile --upgrade $(BUILD_TOOLS) 2>/dev/null \
