@@ -403,7 +403,27 @@ llm_graph_result * llama_context::gf_res_by_size(const llama_ubatch & ubatch) {
 """),
 )
 
-PATCHES = (PER_SHAPE_KEY, PER_SHAPE_FEATURE) + OUTPUT_ARGMAX + GRAPHS_BY_SIZE
+# The top k of many rows in one radix select: CUDA's ggml_top_k takes each row on its own (a cub
+# top-k per row, or where the CUDA toolkit's cub has none, as here with CUDA 13.0, a sort of every
+# row), which cost 0.7-0.8 ms of a sampled verification on an H200. llama.cpp carries a radix
+# select over all rows at once (4 histogram passes of 8 bits, then a gather), built for HIP
+# only; these patches build it for CUDA too and use it for rows longer than 1024.
+TOPK = "vendor/llama.cpp/ggml/src/ggml-cuda/top-k.cu"
+TOPK_ROWS = (
+    Patch("topk-radix-build", TOPK,
+          "#if !defined(GGML_CUDA_USE_CUB) && defined(GGML_USE_HIP)\n\nstatic __device__",
+          f"#if 1  // {MARK} topk-radix-build (llama.cpp: HIP without cub only)\n\nstatic __device__"),
+    _after("topk-radix-use", TOPK, "    ggml_cuda_pool & pool  = ctx.pool();\n", """\
+    // @MARK: every row in one radix select (GGML_CUDA_TOPK_PER_ROW=1: llama.cpp's way, to compare)
+    static const bool per_row = getenv("GGML_CUDA_TOPK_PER_ROW") != nullptr;
+    if (ncols > 1024 && !per_row) {
+        top_k_radix_cuda(pool, src0_d, dst_d, ncols, nrows, k, stream);
+        return;
+    }
+"""),
+)
+
+PATCHES = (PER_SHAPE_KEY, PER_SHAPE_FEATURE) + OUTPUT_ARGMAX + GRAPHS_BY_SIZE + TOPK_ROWS
 
 
 def apply(text: str, patch: Patch) -> str:

@@ -119,15 +119,20 @@ def test_the_patched_key_compiles_and_keys_each_shape(tmp_path):
                                          0]  # 257 rows share 1's slot
 
 
+def pinned_archive() -> Path:
+    """The pinned llama-cpp-python source archive where `make demo GPU=cuda` downloaded it."""
+    found = sorted(glob.glob(str(ROOT / "build" / "llama-cpp-python" / "llama_cpp_python-*.tar.gz")))
+    if not found:
+        pytest.skip("no llama-cpp-python archive in build/ (`make build/llama-cpp-python/.patched` fetches it)")
+    return Path(found[-1])
+
+
 def test_the_pinned_source_takes_the_patches(tmp_path):
     """Where `make demo GPU=cuda` has downloaded the pinned llama-cpp-python source archive: its
     stock files take every patch (the GPU machine's run.sh applies them to the same archive and
     builds it)."""
-    found = sorted(glob.glob(str(ROOT / "build" / "llama-cpp-python" / "llama_cpp_python-*.tar.gz")))
-    if not found:
-        pytest.skip("no llama-cpp-python archive in build/ (`make build/llama-cpp-python/.patched` fetches it)")
     texts = {}
-    with tarfile.open(found[-1]) as tar:
+    with tarfile.open(pinned_archive()) as tar:
         for member in tar.getmembers():
             path = next((p.path for p in patches.PATCHES if member.name.endswith(p.path)), None)
             if path is not None:
@@ -178,3 +183,53 @@ def test_onnxruntime_is_not_imported_after_llama_cpp(monkeypatch, caplog):
         el._onnxruntime_first()
     assert "onnxruntime" not in sys.modules
     assert "import edgespec first" in caplog.text
+
+
+# What of cuBLAS the CUDA backend's common header names, for a toolkit installed without it.
+CUBLAS_STUB = """#pragma once
+#define CUBLAS_VER_MAJOR 13
+#define CUBLAS_VER_MINOR 0
+typedef enum { CUBLAS_STATUS_SUCCESS, CUBLAS_STATUS_NOT_INITIALIZED, CUBLAS_STATUS_ALLOC_FAILED,
+    CUBLAS_STATUS_INVALID_VALUE, CUBLAS_STATUS_ARCH_MISMATCH, CUBLAS_STATUS_MAPPING_ERROR,
+    CUBLAS_STATUS_EXECUTION_FAILED, CUBLAS_STATUS_INTERNAL_ERROR, CUBLAS_STATUS_NOT_SUPPORTED } cublasStatus_t;
+typedef struct cublasContext * cublasHandle_t;
+typedef enum { CUBLAS_DEFAULT_MATH, CUBLAS_TENSOR_OP_MATH, CUBLAS_TF32_TENSOR_OP_MATH } cublasMath_t;
+typedef enum { CUBLAS_COMPUTE_16F, CUBLAS_COMPUTE_32F } cublasComputeType_t;
+const char * cublasGetStatusString(cublasStatus_t);
+cublasStatus_t cublasCreate(cublasHandle_t *);
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t);
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t);
+"""
+
+
+def _ggml_cuda_source(name: str) -> bool:
+    """ggml's headers, its src/ files and the CUDA backend's, of the archive's ``name``s."""
+    rest = name.partition("/vendor/llama.cpp/ggml/")[2]
+    return rest.startswith("include/") or rest.startswith("src/") and (
+        "/" not in rest[4:] or rest.startswith("src/ggml-cuda/"))
+
+
+def test_the_patched_top_k_builds_for_cuda_with_its_radix_select(tmp_path):
+    """The radix select llama.cpp wrote for HIP, which the top-k patches build for CUDA: the
+    pinned top-k.cu, patched, compiles with this machine's nvcc for the H100/H200, and its op now
+    launches the radix kernels (llama.cpp's own TOP_K tests check the results on the GPU machine:
+    `bash benchmarks/device/run.sh topk`)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no CUDA compiler")
+    with tarfile.open(pinned_archive()) as tar:
+        tar.extractall(tmp_path, members=[m for m in tar.getmembers() if _ggml_cuda_source(m.name)])
+    root = next(tmp_path.glob("llama_cpp_python-*"))
+    topk = root / patches.TOPK
+    for p in patches.TOPK_ROWS:
+        topk.write_text(patches.apply(topk.read_text(encoding="utf-8"), p), encoding="utf-8")
+    (tmp_path / "stub").mkdir()
+    (tmp_path / "stub" / "cublas_v2.h").write_text(CUBLAS_STUB)
+    ggml = topk.parents[2]
+    obj = tmp_path / "top-k.o"
+    subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-O1", f"-I{tmp_path / 'stub'}", f"-I{ggml / 'include'}",
+                    f"-I{ggml / 'src'}", f"-I{topk.parent}", "-c", str(topk), "-o", str(obj)], check=True)
+    symbols = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True, check=True).stdout
+    for kernel in ("top_k_radix_histogram", "top_k_radix_select", "top_k_radix_gather"):
+        assert kernel in symbols

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real trip graphtiming sizes kernels host hostwait sampled (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip graphtiming sizes kernels host hostwait sampled topk (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -397,6 +397,13 @@ stage_start() {
     if [[ ! -f "$W/venv/.installed-cuda" ]]; then
         BUDGET_S=1500 OUT="$W/bg/make" setsid nohup bash benchmarks/device/run.sh makebuild > "$W/bg/make.log" 2>&1 < /dev/null &
     fi
+    if [[ ! -f "$W/bg/test-backend-ops.o" ]]; then  # llama.cpp's op tests, for stage_topk
+        mkdir -p "$W/tbo" && tar xzf "$ROOT/.device/llama_cpp_python-$VERSION.tar.gz" -C "$W/tbo" --wildcards \
+            '*/vendor/llama.cpp/tests/test-backend-ops.cpp' '*/vendor/llama.cpp/ggml/include/*'
+        local v="$W/tbo/llama_cpp_python-$VERSION/vendor/llama.cpp"
+        setsid nohup bash -c "g++ -O1 -std=c++17 -I$v/ggml/include -c $v/tests/test-backend-ops.cpp \
+            -o $W/bg/tbo.o && mv $W/bg/tbo.o $W/bg/test-backend-ops.o" > "$W/bg/tbo.log" 2>&1 < /dev/null &
+    fi
     if [[ ! -x "$W/build/bin/llama-speculative-simple" && ${PEERS:-1} == 1 ]]; then  # PEERS=0: no native peers
         BUDGET_S=1500 OUT="$W/bg/out" setsid nohup bash benchmarks/device/run.sh build > "$W/bg/build.log" 2>&1 < /dev/null &
     fi
@@ -648,7 +655,31 @@ stage_sampled() {
             --configs plain,suffix,auto
         real "sampled-gpu-${x%%:*}-rows" 150 ${x#*:} --limit 2 --max-tokens 256 --placement gpu --temperature 0.7 \
             --configs plain,suffix,auto --no-backend-greedy
+        ENVS=(GGML_CUDA_TOPK_PER_ROW=1)  # the top k as llama.cpp takes it, row by row
+        real "sampled-gpu-${x%%:*}-per-row" 150 ${x#*:} --limit 2 --max-tokens 256 --placement gpu --temperature 0.7 \
+            --configs plain,suffix,auto
+        ENVS=()
     done
+}
+
+# llama.cpp's own TOP_K tests (tests/test-backend-ops.cpp of the pinned source, compiled by
+# stage_start, linked against the make stage's libraries): the patched top k of every row in one
+# radix select against the CPU backend, then its times beside llama.cpp's way of taking each row
+# on its own (GGML_CUDA_TOPK_PER_ROW=1), for vocabulary-wide rows.
+stage_topk() {
+    wait_for "$W/venv/.installed-cuda" 500 || return 1
+    wait_for "$W/bg/test-backend-ops.o" 120 || return 1
+    local lib tbo="$W/test-backend-ops" rows='ne=\[(65000|131072|151936|200000),'
+    lib=$(dirname "$(ls "$W"/venv/lib/python3*/site-packages/llama_cpp/lib/libggml.so | head -1)")
+    [[ -x $tbo ]] || g++ "$W/bg/test-backend-ops.o" -L"$lib" -lggml -lggml-base -Wl,-rpath,"$lib" -lpthread \
+        -o "$tbo" || { fail "link test-backend-ops"; return 1; }
+    run 150 "$tbo" test -o TOP_K -b CUDA0 > "$W/results/real-topk-test.txt" 2>&1
+    tail -4 "$W/results/real-topk-test.txt"
+    run 90 "$tbo" perf -o TOP_K -b CUDA0 -p "$rows" > "$W/results/real-topk-perf.txt" 2>&1
+    run 90 env GGML_CUDA_TOPK_PER_ROW=1 "$tbo" perf -o TOP_K -b CUDA0 -p "$rows" \
+        > "$W/results/real-topk-perf-per-row.txt" 2>&1
+    paste <(grep -o 'TOP_K.*' "$W/results/real-topk-perf.txt") \
+          <(grep -o '[0-9.]* us/run' "$W/results/real-topk-perf-per-row.txt") | tail -40
 }
 
 collect() {
@@ -687,7 +718,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host|hostwait|sampled) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host|hostwait|sampled|topk) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done
