@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .device/ carried (see prepare.sh):
 #   bash benchmarks/device/run.sh [STAGE...]     stages: build clones curves bench spec modes
-#   start receive models real trip graphtiming sizes kernels host hostwait sampled topk (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
+#   start receive models real trip graphtiming sizes kernels host hostwait sampled topk anchors (the real 1.5B + 0.5B: see "the real Qwen2.5-Coder" below)
 #   overlap trees gputests offload beside pinned pinned2 floor graphs graphopt big ab numpy diag ram
 #   make maketests imports (the Makefile's `make GPU=cuda` build, the GPU tests on it, and
 #   which import orders of llama.cpp, numpy and onnxruntime crash beside it) rows (ROWS=FILE:
@@ -662,6 +662,23 @@ stage_sampled() {
     done
 }
 
+# The anchors on this build: llama.cpp's plain decoding and its own speculative decoding with the
+# 0.5B draft, beside plain and auto on the gpu placement (held-out Spec-Bench and code edits), and
+# the automatic placement under a VRAM budget below the target's size, against plain at that budget.
+stage_anchors() {
+    wait_for "$W/venv/.installed-cuda" 420 || return 1
+    wait_for "$W/build/bin/llama-speculative-simple" 400 || return 1
+    local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m
+    local peers=peer:llama.cpp-plain,peer:llama.cpp-draft
+    for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
+    real anchors-gpu-specbench 150 --suite specbench --split test2 --limit 1 --max-tokens 256 --placement gpu \
+        --configs plain,auto,$peers
+    real anchors-gpu-codeedit 150 --suite code-edit-test --limit 2 --max-tokens 256 --placement gpu \
+        --configs plain,auto,$peers
+    real anchors-budget-900 120 --suite specbench --split test2 --limit 1 --max-tokens 128 --vram-budget 900MiB \
+        --configs plain,auto,$peers
+}
+
 # llama.cpp's own TOP_K tests (tests/test-backend-ops.cpp of the pinned source, compiled by
 # stage_start, linked against the make stage's libraries): the patched top k of every row in one
 # radix select against the CPU backend, then its times beside llama.cpp's way of taking each row
@@ -718,7 +735,7 @@ stage_env
 for s in "${stages[@]}"; do
     case $s in
         build) stage_build && stage_install ;;
-        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host|hostwait|sampled|topk) "stage_$s" ;;  # not run.sh's build
+        make|maketests|imports|start|makebuild|receive|models|real|trip|graphtiming|sizes|kernels|host|hostwait|sampled|topk|anchors) "stage_$s" ;;  # not run.sh's build
         *) stage_install; "stage_$s" ;;
     esac
 done
