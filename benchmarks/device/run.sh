@@ -671,7 +671,7 @@ stage_anchors() {
     local es=(env "${OWN[@]}" EDGESPEC_HOME="$HOME_ES" "$W/venv/bin/edgespec") m
     local peers=peer:llama.cpp-plain,peer:llama.cpp-draft
     for m in "${REAL[@]}"; do "${es[@]}" models pull "$m" > /dev/null || fail "models pull $m"; done
-    real anchors-gpu-specbench 150 --suite specbench --split test2 --limit 1 --max-tokens 256 --placement gpu \
+    real anchors-gpu-specbench 150 --suite specbench --split test2 --limit 2 --max-tokens 256 --placement gpu \
         --configs plain,auto,$peers
     real anchors-gpu-codeedit 150 --suite code-edit-test --limit 2 --max-tokens 256 --placement gpu \
         --configs plain,auto,$peers
