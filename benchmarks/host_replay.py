@@ -12,7 +12,9 @@ KV edits (on the real context, left empty), the batch, the output and the drafte
 what the real run does, and the kernels cost nothing: the generation time is host time.
 
 What it leaves out: the kernels themselves and the wait for them, and reading a row's pick
-through ctypes (~1-3 µs a row). ``--profile`` prints the functions that took the time.
+through ctypes (~1-3 µs a row). ``--profile`` prints the functions that took the time. A drafter
+model is not replayed: where `auto` asks one for a draft (it probes the 0.5B on the CPU), its
+logits do not exist and the run stops; on the GPU placement `auto` prices the model out.
 """
 from __future__ import annotations
 
