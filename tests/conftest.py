@@ -50,6 +50,7 @@ MODEL_TESTS = {
     "test_clone": {"test_clone_decodes_finite_logits_in_llama_cpp"},
     "test_code_edit_suite": {"test_prompts_fit_in_qwen_tokens"},
     "test_exact": {"test_probe_sees_default_kernels_depend_on_the_batch",
+                   "test_a_context_for_short_drafts_is_probed_with_the_rows_it_verifies",
                    "test_exact_speculation_equals_plain_bit_for_bit",
                    "test_exact_mode_refuses_after_default_kernels_ran", "test_plan_shows_the_exact_load"},
     "test_hostile_cli": {"test_run_with_non_utf8_prompt_system_and_stop", "test_run_with_non_utf8_stdin_and_model_path",
