@@ -42,7 +42,7 @@ WARMUPS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
 CONTEXT_TOKENS = 512
-VERSION = "v5"  # bump when what is measured changes: older cached calibrations are ignored
+VERSION = "v6"  # bump when what is measured changes (the kernels too): older cached calibrations are ignored
 # ... and this when only the drafted token's measure changes (since "pick": its greedy pick counted)
 DRAFT_VERSION = "pick"
 
