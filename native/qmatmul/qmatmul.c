@@ -328,58 +328,58 @@ AVX2_T INLINE void q6k_block_avx2(const int NR, const qmm_block_q6_K *w, const q
     }
 }
 
-/* Weight rows [o0, o1) against activation rows 0..NR-1 (X, xm and Y start at the first). */
-AVX2_T INLINE void q4k_rows_avx2(const int NR, int nb, int o0, int o1, const qmm_block_q4_K *W, const qmm_block_q8_K *X,
-                                 const float *xm, float *Y, size_t ldy) {
-    for (int o = o0; o < o1; o++) {
-        const qmm_block_q4_K *w = W + (size_t)o * nb;
-        __m256 acc[8];
-        UNROLL
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) q4k_block_avx2(NR, w + b, X + b, nb, xm + 8 * b, 8 * (size_t)nb, acc);
-        UNROLL
-        for (int t = 0; t < NR; t++) Y[t * ldy + o] = hsum8_avx(acc[t]);
-    }
-}
-
-AVX2_T INLINE void q6k_rows_avx2(const int NR, int nb, int o0, int o1, const qmm_block_q6_K *W, const qmm_block_q8_K *X,
-                                 float *Y, size_t ldy) {
-    for (int o = o0; o < o1; o++) {
-        const qmm_block_q6_K *w = W + (size_t)o * nb;
-        __m256 acc[8];
-        UNROLL
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) q6k_block_avx2(NR, w + b, X + b, nb, acc);
-        UNROLL
-        for (int t = 0; t < NR; t++) Y[t * ldy + o] = hsum8_avx(acc[t]);
-    }
-}
-
-/* Activation rows in groups of 8 (the last group 1..8), each group a pass over the weights. */
-#define QMM_BY_GROUP(CALL)                                                          \
-    for (int r = 0; r < n; r += 8) {                                                \
-        switch (n - r < 8 ? n - r : 8) {                                            \
-        case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break;     \
-        case 4: CALL(4); break; case 5: CALL(5); break; case 6: CALL(6); break;     \
-        case 7: CALL(7); break; default: CALL(8); break;                            \
-        }                                                                           \
+/* Activation rows in groups of 8 (the last group 1..8), each group a pass over the weights:
+ * ROWS(NR, args...) for the group starting at activation row r (the args may read r). */
+#define QMM_BY_GROUP(ROWS, ...)                                                                  \
+    for (int r = 0; r < n; r += 8) {                                                             \
+        switch (n - r < 8 ? n - r : 8) {                                                         \
+        case 1: ROWS(1, __VA_ARGS__); break; case 2: ROWS(2, __VA_ARGS__); break;                \
+        case 3: ROWS(3, __VA_ARGS__); break; case 4: ROWS(4, __VA_ARGS__); break;                \
+        case 5: ROWS(5, __VA_ARGS__); break; case 6: ROWS(6, __VA_ARGS__); break;                \
+        case 7: ROWS(7, __VA_ARGS__); break; default: ROWS(8, __VA_ARGS__); break;               \
+        }                                                                                        \
     }
 
-AVX2_T static void q4k_avx2(int K, int o0, int o1, int n, const qmm_block_q4_K *W,
-                            const qmm_block_q8_K *X, const float *xm, float *Y, size_t ldy) {
-    const int nb = K / QMM_QK;
-#define CALL(NR) q4k_rows_avx2(NR, nb, o0, o1, W, X + (size_t)r * nb, xm + (size_t)r * nb * 8, Y + (size_t)r * ldy, ldy)
-    QMM_BY_GROUP(CALL)
-#undef CALL
+/* A path's kernels over its block functions (q4k_block_ISA, q6k_block_ISA): weight rows [o0, o1)
+ * against activation rows 0..NR-1 (X, xm and Y start at the first), one weight row per pass,
+ * and the whole matmul in groups of 8 activation rows. */
+#define QMM_KERNELS(ISA, TARGET)                                                                                    \
+TARGET INLINE void q4k_rows_##ISA(const int NR, int nb, int o0, int o1, const qmm_block_q4_K *W,                   \
+                                  const qmm_block_q8_K *X, const float *xm, float *Y, size_t ldy) {                \
+    for (int o = o0; o < o1; o++) {                                                                                \
+        const qmm_block_q4_K *w = W + (size_t)o * nb;                                                              \
+        __m256 acc[8];                                                                                             \
+        UNROLL                                                                                                     \
+        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();                                                 \
+        for (int b = 0; b < nb; b++) q4k_block_##ISA(NR, w + b, X + b, nb, xm + 8 * b, 8 * (size_t)nb, acc);      \
+        UNROLL                                                                                                     \
+        for (int t = 0; t < NR; t++) Y[t * ldy + o] = hsum8_avx(acc[t]);                                           \
+    }                                                                                                              \
+}                                                                                                                  \
+TARGET INLINE void q6k_rows_##ISA(const int NR, int nb, int o0, int o1, const qmm_block_q6_K *W,                   \
+                                  const qmm_block_q8_K *X, float *Y, size_t ldy) {                                 \
+    for (int o = o0; o < o1; o++) {                                                                                \
+        const qmm_block_q6_K *w = W + (size_t)o * nb;                                                              \
+        __m256 acc[8];                                                                                             \
+        UNROLL                                                                                                     \
+        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();                                                 \
+        for (int b = 0; b < nb; b++) q6k_block_##ISA(NR, w + b, X + b, nb, acc);                                   \
+        UNROLL                                                                                                     \
+        for (int t = 0; t < NR; t++) Y[t * ldy + o] = hsum8_avx(acc[t]);                                           \
+    }                                                                                                              \
+}                                                                                                                  \
+TARGET static void q4k_##ISA(int K, int o0, int o1, int n, const qmm_block_q4_K *W, const qmm_block_q8_K *X,       \
+                             const float *xm, float *Y, size_t ldy) {                                              \
+    const int nb = K / QMM_QK;                                                                                     \
+    QMM_BY_GROUP(q4k_rows_##ISA, nb, o0, o1, W, X + (size_t)r * nb, xm + (size_t)r * nb * 8, Y + (size_t)r * ldy, ldy) \
+}                                                                                                                  \
+TARGET static void q6k_##ISA(int K, int o0, int o1, int n, const qmm_block_q6_K *W, const qmm_block_q8_K *X,       \
+                             float *Y, size_t ldy) {                                                               \
+    const int nb = K / QMM_QK;                                                                                     \
+    QMM_BY_GROUP(q6k_rows_##ISA, nb, o0, o1, W, X + (size_t)r * nb, Y + (size_t)r * ldy, ldy)                       \
 }
 
-AVX2_T static void q6k_avx2(int K, int o0, int o1, int n, const qmm_block_q6_K *W,
-                            const qmm_block_q8_K *X, float *Y, size_t ldy) {
-    const int nb = K / QMM_QK;
-#define CALL(NR) q6k_rows_avx2(NR, nb, o0, o1, W, X + (size_t)r * nb, Y + (size_t)r * ldy, ldy)
-    QMM_BY_GROUP(CALL)
-#undef CALL
-}
+QMM_KERNELS(avx2, AVX2_T)
 
 /* ---------------------------------------------------------------- AVX-512 VNNI */
 /* The AVX2 kernel's shape, 64 bytes an instruction: each pair of 32-byte groups of a block is
@@ -452,47 +452,7 @@ AVX512_T INLINE void q6k_block_avx512(const int NR, const qmm_block_q6_K *w, con
     }
 }
 
-AVX512_T INLINE void q4k_rows_avx512(const int NR, int nb, int o0, int o1, const qmm_block_q4_K *W, const qmm_block_q8_K *X,
-                                     const float *xm, float *Y, size_t ldy) {
-    for (int o = o0; o < o1; o++) {
-        const qmm_block_q4_K *w = W + (size_t)o * nb;
-        __m256 acc[8];
-        UNROLL
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) q4k_block_avx512(NR, w + b, X + b, nb, xm + 8 * b, 8 * (size_t)nb, acc);
-        UNROLL
-        for (int t = 0; t < NR; t++) Y[t * ldy + o] = hsum8_avx(acc[t]);
-    }
-}
-
-AVX512_T INLINE void q6k_rows_avx512(const int NR, int nb, int o0, int o1, const qmm_block_q6_K *W, const qmm_block_q8_K *X,
-                                     float *Y, size_t ldy) {
-    for (int o = o0; o < o1; o++) {
-        const qmm_block_q6_K *w = W + (size_t)o * nb;
-        __m256 acc[8];
-        UNROLL
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) q6k_block_avx512(NR, w + b, X + b, nb, acc);
-        UNROLL
-        for (int t = 0; t < NR; t++) Y[t * ldy + o] = hsum8_avx(acc[t]);
-    }
-}
-
-AVX512_T static void q4k_avx512(int K, int o0, int o1, int n, const qmm_block_q4_K *W,
-                                const qmm_block_q8_K *X, const float *xm, float *Y, size_t ldy) {
-    const int nb = K / QMM_QK;
-#define CALL(NR) q4k_rows_avx512(NR, nb, o0, o1, W, X + (size_t)r * nb, xm + (size_t)r * nb * 8, Y + (size_t)r * ldy, ldy)
-    QMM_BY_GROUP(CALL)
-#undef CALL
-}
-
-AVX512_T static void q6k_avx512(int K, int o0, int o1, int n, const qmm_block_q6_K *W,
-                                const qmm_block_q8_K *X, float *Y, size_t ldy) {
-    const int nb = K / QMM_QK;
-#define CALL(NR) q6k_rows_avx512(NR, nb, o0, o1, W, X + (size_t)r * nb, Y + (size_t)r * ldy, ldy)
-    QMM_BY_GROUP(CALL)
-#undef CALL
-}
+QMM_KERNELS(avx512, AVX512_T)
 #endif
 
 /* ---------------------------------------------------------------- dispatch */
