@@ -340,32 +340,33 @@ AVX2_T INLINE void q6k_block_avx2(const int NR, const qmm_block_q6_K *w, const q
         }                                                                                        \
     }
 
-/* A path's kernels over its block functions (q4k_block_ISA, q6k_block_ISA): weight rows [o0, o1)
- * against activation rows 0..NR-1 (X, xm and Y start at the first), one weight row per pass,
- * and the whole matmul in groups of 8 activation rows. */
+/* A path's kernels over its block functions (q4k_block_ISA, q6k_block_ISA) and accumulators
+ * (ACC_ISA, ZERO_ISA, SUM_ISA: row t's 8 lanes summed): weight rows [o0, o1) against activation
+ * rows 0..NR-1 (X, xm and Y start at the first), one weight row per pass, and the whole matmul
+ * in groups of 8 activation rows. */
 #define QMM_KERNELS(ISA, TARGET)                                                                                    \
 TARGET INLINE void q4k_rows_##ISA(const int NR, int nb, int o0, int o1, const qmm_block_q4_K *W,                   \
                                   const qmm_block_q8_K *X, const float *xm, float *Y, size_t ldy) {                \
     for (int o = o0; o < o1; o++) {                                                                                \
         const qmm_block_q4_K *w = W + (size_t)o * nb;                                                              \
-        __m256 acc[8];                                                                                             \
+        ACC_##ISA acc[8];                                                                                          \
         UNROLL                                                                                                     \
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();                                                 \
+        for (int t = 0; t < NR; t++) acc[t] = ZERO_##ISA();                                                        \
         for (int b = 0; b < nb; b++) q4k_block_##ISA(NR, w + b, X + b, nb, xm + 8 * b, 8 * (size_t)nb, acc);      \
         UNROLL                                                                                                     \
-        for (int t = 0; t < NR; t++) Y[t * ldy + o] = hsum8_avx(acc[t]);                                           \
+        for (int t = 0; t < NR; t++) Y[t * ldy + o] = SUM_##ISA(acc, t);                                           \
     }                                                                                                              \
 }                                                                                                                  \
 TARGET INLINE void q6k_rows_##ISA(const int NR, int nb, int o0, int o1, const qmm_block_q6_K *W,                   \
                                   const qmm_block_q8_K *X, float *Y, size_t ldy) {                                 \
     for (int o = o0; o < o1; o++) {                                                                                \
         const qmm_block_q6_K *w = W + (size_t)o * nb;                                                              \
-        __m256 acc[8];                                                                                             \
+        ACC_##ISA acc[8];                                                                                          \
         UNROLL                                                                                                     \
-        for (int t = 0; t < NR; t++) acc[t] = _mm256_setzero_ps();                                                 \
+        for (int t = 0; t < NR; t++) acc[t] = ZERO_##ISA();                                                        \
         for (int b = 0; b < nb; b++) q6k_block_##ISA(NR, w + b, X + b, nb, acc);                                   \
         UNROLL                                                                                                     \
-        for (int t = 0; t < NR; t++) Y[t * ldy + o] = hsum8_avx(acc[t]);                                           \
+        for (int t = 0; t < NR; t++) Y[t * ldy + o] = SUM_##ISA(acc, t);                                           \
     }                                                                                                              \
 }                                                                                                                  \
 TARGET static void q4k_##ISA(int K, int o0, int o1, int n, const qmm_block_q4_K *W, const qmm_block_q8_K *X,       \
@@ -379,6 +380,10 @@ TARGET static void q6k_##ISA(int K, int o0, int o1, int n, const qmm_block_q6_K 
     QMM_BY_GROUP(q6k_rows_##ISA, nb, o0, o1, W, X + (size_t)r * nb, Y + (size_t)r * ldy, ldy)                       \
 }
 
+/* AVX2: one 8-lane accumulator per activation row. */
+typedef __m256 ACC_avx2;
+#define ZERO_avx2 _mm256_setzero_ps
+#define SUM_avx2(acc, t) hsum8_avx((acc)[t])
 QMM_KERNELS(avx2, AVX2_T)
 
 /* ---------------------------------------------------------------- AVX-512 VNNI */
@@ -389,8 +394,13 @@ QMM_KERNELS(avx2, AVX2_T)
  * the same integers as the 8-lane paths, so the same bits. */
 #define AVX512_T __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-AVX512_T INLINE __m256i fold512(__m512i v) {
-    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+/* Row a's lanes 8..15 added onto its lanes 0..7 in the low half, row b's in the high half. */
+AVX512_T INLINE __m512i fold_pair(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xee));
+}
+
+AVX512_T INLINE __m512 pair512(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
 AVX512_T INLINE __m512i join512(__m256i lo, __m256i hi) {
@@ -398,7 +408,7 @@ AVX512_T INLINE __m512i join512(__m256i lo, __m256i hi) {
 }
 
 AVX512_T INLINE void q4k_block_avx512(const int NR, const qmm_block_q4_K *w, const qmm_block_q8_K *x, size_t xstride,
-                                      const float *xm, size_t xmstride, __m256 *acc) {
+                                      const float *xm, size_t xmstride, __m512 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0xf), sm = q4k_scales_avx2(w->scales);
     __m512i a[8];
     UNROLL
@@ -416,17 +426,20 @@ AVX512_T INLINE void q4k_block_avx512(const int NR, const qmm_block_q4_K *w, con
     int dm;
     memcpy(&dm, &w->d, 4);
     const __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));  /* d, dmin */
-    const __m256 dw = _mm256_broadcastss_ps(ds);
+    const __m512 dw = _mm512_broadcastss_ps(ds);
     const __m256 mf = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(sm, _mm256_load_si256((const __m256i *)q4k_min_pat)));
-    const __m256 mp = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(ds)), mf);  /* dmin*m */
+    const __m256 mp8 = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(ds)), mf);  /* dmin*m */
+    const __m512 mp = pair512(mp8, mp8);
     UNROLL
-    for (int t = 0; t < NR; t++) {
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&x[t * xstride].d)), _mm256_cvtepi32_ps(fold512(a[t])), acc[t]);
-        acc[t] = _mm256_fnmadd_ps(mp, _mm256_loadu_ps(xm + t * xmstride), acc[t]);
+    for (int t = 0; t < NR; t += 2) {
+        const int u = t + 1 < NR ? t + 1 : t;  /* an odd last row fills both halves; its upper half is never read */
+        const __m512 xd = pair512(_mm256_broadcast_ss(&x[t * xstride].d), _mm256_broadcast_ss(&x[u * xstride].d));
+        acc[t / 2] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xd), _mm512_cvtepi32_ps(fold_pair(a[t], a[u])), acc[t / 2]);
+        acc[t / 2] = _mm512_fnmadd_ps(mp, pair512(_mm256_loadu_ps(xm + t * xmstride), _mm256_loadu_ps(xm + u * xmstride)), acc[t / 2]);
     }
 }
 
-AVX512_T INLINE void q6k_block_avx512(const int NR, const qmm_block_q6_K *w, const qmm_block_q8_K *x, size_t xstride, __m256 *acc) {
+AVX512_T INLINE void q6k_block_avx512(const int NR, const qmm_block_q6_K *w, const qmm_block_q8_K *x, size_t xstride, __m512 *acc) {
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w->scales));
     const __m256i s_lo = _mm256_permute2x128_si256(s16, s16, 0x00), s_hi = _mm256_permute2x128_si256(s16, s16, 0x11);
     __m512i a[8];
@@ -443,15 +456,25 @@ AVX512_T INLINE void q6k_block_avx512(const int NR, const qmm_block_q6_K *w, con
         for (int t = 0; t < NR; t++)
             a[t] = _mm512_dpwssd_epi32(a[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x[t * xstride].qs + 64 * g)), sc);
     }
-    const __m256 dw = _mm256_set1_ps(_cvtsh_ss(w->d));
+    const __m512 dw = _mm512_set1_ps(_cvtsh_ss(w->d));
+    const __m512i s32 = join512(s16, s16);
     UNROLL
-    for (int t = 0; t < NR; t++) {
-        const __m256i ms = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[t * xstride].bsums), s16);
-        const __m256i is = _mm256_sub_epi32(fold512(a[t]), _mm256_slli_epi32(ms, 5));
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&x[t * xstride].d)), _mm256_cvtepi32_ps(is), acc[t]);
+    for (int t = 0; t < NR; t += 2) {
+        const int u = t + 1 < NR ? t + 1 : t;
+        const __m512i ms = _mm512_madd_epi16(join512(_mm256_loadu_si256((const __m256i *)x[t * xstride].bsums),
+                                                     _mm256_loadu_si256((const __m256i *)x[u * xstride].bsums)), s32);
+        const __m512i is = _mm512_sub_epi32(fold_pair(a[t], a[u]), _mm512_slli_epi32(ms, 5));
+        const __m512 xd = pair512(_mm256_broadcast_ss(&x[t * xstride].d), _mm256_broadcast_ss(&x[u * xstride].d));
+        acc[t / 2] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xd), _mm512_cvtepi32_ps(is), acc[t / 2]);
     }
 }
 
+/* AVX-512: the float part runs on two activation rows at once, row 2p in the low half of
+ * accumulator p and row 2p+1 in the high half: the same lane operations, so the same bits. */
+typedef __m512 ACC_avx512;
+#define ZERO_avx512 _mm512_setzero_ps
+#define SUM_avx512(acc, t) hsum8_avx((t) & 1 ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd((acc)[(t) / 2]), 1)) \
+                                             : _mm512_castps512_ps256((acc)[(t) / 2]))
 QMM_KERNELS(avx512, AVX512_T)
 #endif
 
@@ -476,11 +499,11 @@ int qmm_best_path(void) {
     return have(QMM_AVX2) ? QMM_AVX2 : QMM_SCALAR;
 }
 
-/* QMM_AUTO for n rows: AVX-512 VNNI from 4 rows where the CPU has it. Every path gives the same
+/* QMM_AUTO for n rows: AVX-512 VNNI from 2 rows where the CPU has it. Every path gives the same
  * bits, so the choice may follow n. On a 2-core AVX-512 Xeon VM, one thread, ns a Q4_K block and
- * row, cached: AVX2 9.7, 5.4, 4.7 at n = 1, 4, 16; AVX-512 VNNI 11.0, 4.8, 3.8. */
+ * row, cached: AVX2 9.7, 6.8, 5.4, 4.7 at n = 1, 2, 4, 16; AVX-512 VNNI 11.1, 6.4, 4.5, 3.6. */
 static int auto_path(int n) {
-    return n >= 4 && have(QMM_AVX512) ? QMM_AVX512 : qmm_best_path();
+    return n >= 2 && have(QMM_AVX512) ? QMM_AVX512 : qmm_best_path();
 }
 
 const char *qmm_path_name(int path) {

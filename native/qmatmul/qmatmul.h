@@ -37,7 +37,7 @@ typedef struct {
 
 enum { QMM_AUTO = 0, QMM_SCALAR = 1, QMM_AVX2 = 2, QMM_AVX512 = 3 };
 
-/* The path QMM_AUTO picks on this CPU for one row (from 4 rows: AVX-512 VNNI where the CPU has it). */
+/* The path QMM_AUTO picks on this CPU for one row (from 2 rows: AVX-512 VNNI where the CPU has it). */
 int qmm_best_path(void);
 const char *qmm_path_name(int path);
 
