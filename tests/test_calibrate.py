@@ -83,3 +83,28 @@ def test_sizes_are_measured_up_to_the_largest_batch_and_merged_later(small_model
         assert asked[2] == (24, 31, 32, 33, 48, 63, 64)
     finally:
         ctx.close()
+
+
+def test_each_build_of_edgespecs_kernels_has_its_own_calibration(tmp_path, monkeypatch):
+    """A verification's cost depends on the CPU kernels' build, so a cached curve is keyed by it:
+    a new build of the kernels measures its own curve; the stock backend's key names none."""
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x")
+    monkeypatch.setattr(calibrate, "qmatmul_loaded", lambda: False)
+    stock = calibrate.calibration_key(f, calibrate.ModelParams(), 2, True)
+    monkeypatch.setattr(calibrate, "qmatmul_loaded", lambda: True)
+    keys = set()
+    for build in ("1a2b3c4d", "5e6f7a8b"):
+        monkeypatch.setattr(calibrate, "qmatmul_build", lambda build=build: build)
+        key = calibrate.calibration_key(f, calibrate.ModelParams(), 2, True)
+        assert f"-qmm{build}-" in key and key.replace(f"-qmm{build}", "") == stock
+        keys.add(key)
+    assert len(keys) == 2
+
+
+def test_the_kernels_build_is_a_digest_of_the_loaded_backend():
+    from edgespec.llama import backend
+
+    build = backend.qmatmul_build()
+    assert (build != "") is backend.qmatmul_loaded()
+    assert len(build) in (0, 8) and all(c in "0123456789abcdef" for c in build)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import hashlib
 import logging
 import os
 import signal
@@ -120,23 +121,38 @@ def default_threads() -> int:
 SCALAR_PATH = 1  # QMM_SCALAR, QATTN_SCALAR (native/qmatmul): the path the patches never take
 
 
+def _cpu_backend_file() -> Path | None:
+    """The file of llama.cpp's CPU backend that llama_cpp loads."""
+    lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(lc.__file__).parent / "lib")
+    return next((lib / name for name in ("libggml-cpu.so.0", "libggml-cpu.so", "libggml-cpu.dylib")
+                 if (lib / name).exists()), None)
+
+
 @functools.cache
 def qmatmul_loaded() -> bool:
     """Whether llama.cpp's CPU backend here carries edgespec's kernels (native/qmatmul, installed
     by `make`) and takes them on this CPU: its Q4_K and Q6_K matmuls read the weights once for a
     small batch, and with flash attention over an f16 cache every row of a batch has the bits of
     a one-token decode. Read from the library's exported kernel entries."""
-    lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(lc.__file__).parent / "lib")
-    for name in ("libggml-cpu.so.0", "libggml-cpu.so", "libggml-cpu.dylib"):
-        if (lib / name).exists():
-            try:
-                found = ctypes.CDLL(str(lib / name))
-                # present and taken: on a CPU without AVX2 the patches leave llama.cpp's kernels
-                return (hasattr(found, "qmm_best_path") and hasattr(found, "qattn_best_path")
-                        and found.qmm_best_path() != SCALAR_PATH and found.qattn_best_path() != SCALAR_PATH)
-            except OSError:
-                return False
-    return False
+    path = _cpu_backend_file()
+    if path is None:
+        return False
+    try:
+        found = ctypes.CDLL(str(path))
+    except OSError:
+        return False
+    # present and taken: on a CPU without AVX2 the patches leave llama.cpp's kernels
+    return (hasattr(found, "qmm_best_path") and hasattr(found, "qattn_best_path")
+            and found.qmm_best_path() != SCALAR_PATH and found.qattn_best_path() != SCALAR_PATH)
+
+
+@functools.cache
+def qmatmul_build() -> str:
+    """A short digest of the CPU backend with edgespec's kernels ("" without them): what a cost
+    measured on it is valid for, since each build of the kernels verifies at its own speed."""
+    if not qmatmul_loaded():
+        return ""
+    return hashlib.sha256(_cpu_backend_file().read_bytes()).hexdigest()[:8]
 
 
 def system_info() -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 from edgespec.decode.sampling import greedy_logprob
 from edgespec.files.store_files import write_or_keep
 from edgespec.llama import invariant
-from edgespec.llama.backend import LlamaContext, ModelParams, qmatmul_loaded, system_info
+from edgespec.llama.backend import LlamaContext, ModelParams, qmatmul_build, qmatmul_loaded, system_info
 from edgespec.drafters.auto.policy import CostModel
 from edgespec.llama.kernels import cuda_graphs, op_offload_min_batch
 from edgespec.llama.rows import OUTPUT_ARGMAX
@@ -42,7 +42,7 @@ WARMUPS = 2
 # Verification attends to the whole context: time batches after this many tokens of it, not at
 # position 0 (at 900 tokens of context a 17-token batch cost 385 ms against 315 ms at 0).
 CONTEXT_TOKENS = 512
-VERSION = "v6"  # bump when what is measured changes (the kernels too): older cached calibrations are ignored
+VERSION = "v6"  # bump when what is measured changes: older cached calibrations are ignored
 # ... and this when only the drafted token's measure changes (since "pick": its greedy pick counted)
 DRAFT_VERSION = "pick"
 
@@ -63,7 +63,7 @@ def calibration_key(path: str | os.PathLike, params: ModelParams, n_threads: int
     st = os.stat(path)
     mode = f"ngl{params.n_gpu_layers}-{'mmap' if params.use_mmap else 'load'}-{'repack' if params.repack else 'norepack'}"
     if qmatmul_loaded():  # edgespec's CPU matmul: 2 rows cost 1.2x one, against 1.7x stock
-        mode += "-qmm"
+        mode += "-qmm" + qmatmul_build()
     if not invariant.tiled_matmul_requested():  # exact mode's 16-row batches cost 2.1x the default's
         mode += "-notiled"
     # Which batches copy CPU-resident weights to the GPU: every context of a model with GPU
