@@ -268,10 +268,14 @@ def recent_window(history: Sequence[int], params: SamplingParams) -> np.ndarray:
 def pick_token(logits: np.ndarray, params: SamplingParams, history: Sequence[int],
                rng: np.random.Generator) -> int:
     """The next token of plain decoding: argmax or a draw from the exact target distribution."""
-    ids, probs = target_support(logits, params, recent_window(history, params))
-    if params.greedy:
-        return int(ids[0])
-    return sample_support(ids, probs, rng)
+    return _pick(target_support(logits, params, recent_window(history, params)), params, rng)
+
+
+def _pick(support: tuple[np.ndarray, np.ndarray], params: SamplingParams, rng: np.random.Generator) -> int:
+    """The token plain decoding takes from a row's ``target_support``: its one id when greedy,
+    else a draw."""
+    ids, probs = support
+    return int(ids[0]) if params.greedy else sample_support(ids, probs, rng)
 
 
 def argmax_decides(params: SamplingParams) -> bool:
@@ -294,8 +298,7 @@ def pick_from_row(row, params: SamplingParams, history: Sequence[int], rng: np.r
     the argmax alone does not decide, and only its largest where the backend returns those."""
     if argmax_decides(params):
         return row.greedy()
-    ids, probs = row_support(row, params, recent_window(history, params))
-    return int(ids[0]) if params.greedy else sample_support(ids, probs, rng)
+    return _pick(row_support(row, params, recent_window(history, params)), params, rng)
 
 
 def top2_gap(logits: np.ndarray, params: SamplingParams, recent: np.ndarray) -> float:
