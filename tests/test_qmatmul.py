@@ -172,6 +172,31 @@ def test_rows_keep_their_bits_whatever_the_batch(lib, qtype, path):
         assert np.array_equal(y.view(np.uint32), alone[rows].view(np.uint32)), f"n={n}"
 
 
+def _ggml_base():
+    """ggml's base library from the installed llama-cpp-python wheel, or None."""
+    import importlib.util
+    spec = importlib.util.find_spec("llama_cpp")
+    found = sorted(Path(spec.origin).parent.glob("lib/libggml-base.so*")) if spec and spec.origin else []
+    return ctypes.CDLL(str(found[0])) if found else None
+
+
+@pytest.mark.parametrize("path", [SCALAR, AVX2, AVX512], ids=["scalar", "avx2", "avx512vnni"])
+def test_activations_are_quantized_with_the_bits_of_ggmls_reference(lib, path):
+    ggml = _ggml_base()
+    if ggml is None:
+        pytest.skip("llama-cpp-python is not installed")
+    rng = np.random.default_rng(3)
+    k = 32 * 256
+    x = (rng.standard_normal(k) * np.exp2(rng.integers(-8, 8, k))).astype(np.float32)
+    x[256:512] = 0  # an all-zero block
+    x[512 + 7], x[512 + 200] = 999, -999  # tied magnitudes: the first takes -127
+    ref, ours = np.zeros(k // 256 * Q8_K_BLOCK, np.uint8), np.zeros(k // 256 * Q8_K_BLOCK, np.uint8)
+    ggml.quantize_row_q8_K_ref(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(ref.ctypes.data), ctypes.c_int64(k))
+    if lib.qmm_quantize_q8_K(path, ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(ours.ctypes.data), k) != 0:
+        pytest.skip(f"path {path} not on this CPU")
+    assert np.array_equal(ours, ref)
+
+
 def _patch_module():
     import importlib.util
     import sys

@@ -1,10 +1,10 @@
 """A real model through llama.cpp: T(n) of an n-token verification batch (every row's logits,
-after 512 tokens of context, flash attention off), whether each row's logits have the bits of
+after 512 tokens of context, flash attention off unless --flash-attn), whether each row's logits have the bits of
 the same token decoded alone, and optionally a prefill's time a token. Run it against the stock
 wheel and against a ggml CPU backend built with llama_cpp_qmatmul.py's patch (LD_LIBRARY_PATH
 wins over the wheel's RUNPATH; a directory holding only the patched libggml-cpu.so.0 is enough):
 
-    flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL [--sizes 1,2,4,8,16] [--no-bits] [--prefill 512]
+    flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL [--sizes 1,2,4,8,16] [--no-bits] [--prefill 512] [--flash-attn]
     LD_LIBRARY_PATH=BUILD/src flock /tmp/edgespec-cpu.lock .venv/bin/python native/qmatmul/e2e_llama.py MODEL ...
 """
 from __future__ import annotations
@@ -35,13 +35,15 @@ def main() -> int:
     ap.add_argument("--no-bits", action="store_true")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="batch sizes to time, e.g. 1,2,4,8,16")
     ap.add_argument("--prefill", type=int, default=0, help="also time a prefill of this many tokens, one micro-batch")
+    ap.add_argument("--flash-attn", action="store_true", help="flash attention on (qattn where patched in), as edgespec runs a CPU target")
     args = ap.parse_args()
     model = LlamaModel(args.model, ModelParams(repack=not args.no_repack))
     if args.prefill:
         prefill(model, args.prefill)
     ctx = LlamaContext(model, ContextParams(n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=2, n_threads=2,
-                                            n_threads_batch=2, flash_attn=False))
-    print(f"model {Path(args.model).name}, repack {'off' if args.no_repack else 'on'}")
+                                            n_threads_batch=2, flash_attn=args.flash_attn))
+    print(f"model {Path(args.model).name}, repack {'off' if args.no_repack else 'on'}, "
+          f"flash attention {'on' if args.flash_attn else 'off'}")
     if not args.no_bits:
         bits(model, ctx)
     if not args.no_timing:

@@ -49,8 +49,11 @@ int qmm_q4_K(int path, int K, int o0, int o1, int n, const qmm_block_q4_K *W,
 int qmm_q6_K(int path, int K, int o0, int o1, int n, const qmm_block_q6_K *W,
              const qmm_block_q8_K *X, float *Y, size_t ldy);
 
-/* Activations to Q8_K (round to nearest, |q| <= 127) and fp16 <-> fp32, for tests and benches. */
-void qmm_quantize_q8_K(const float *x, qmm_block_q8_K *y, int K);
+/* Activations to Q8_K with the bits of ggml's quantize_row_q8_K_ref (which ggml's x86 CPU backend
+ * uses), K % 256 == 0; every path gives the same bits. Returns 0, or -1 as the matmuls do. */
+int qmm_quantize_q8_K(int path, const float *x, qmm_block_q8_K *y, int K);
+
+/* fp16 <-> fp32, for tests and benches. */
 float qmm_half_to_float(qmm_half h);
 qmm_half qmm_float_to_half(float f);
 

@@ -39,7 +39,7 @@ static void fill_x(qmm_block_q8_K *x, int rows, int K) {
         float s = ldexpf(1.f, (int)(rnd() % 8) - 4);
         for (int i = 0; i < K; i++) f[i] = s * frnd() * (rnd() % 16 == 0 ? 8.f : 1.f);
         if (r == 1) memset(f, 0, sizeof(float) * QMM_QK);  /* an all-zero block */
-        qmm_quantize_q8_K(f, x + (size_t)r * (K / QMM_QK), K);
+        qmm_quantize_q8_K(QMM_AUTO, f, x + (size_t)r * (K / QMM_QK), K);
     }
     free(f);
 }
@@ -134,8 +134,36 @@ static void test_type(const char *name, mm_fn mm, const void *W, size_t wrow, in
     free(ref); free(Y); free(batch);
 }
 
+/* The activations' quantizer: every path gives the scalar path's bits, on blocks whose largest
+ * magnitude is positive, negative, tied between signs (the first wins), zero, or beside a NaN. */
+static void test_quantize(void) {
+    enum { K = 64 * QMM_QK };
+    float *f = malloc(sizeof(float) * K);
+    qmm_block_q8_K *ref = malloc(sizeof(qmm_block_q8_K) * K / QMM_QK), *y = malloc(sizeof(qmm_block_q8_K) * K / QMM_QK);
+    for (int i = 0; i < K; i++) f[i] = ldexpf(frnd(), (int)(rnd() % 16) - 8);
+    for (int b = 0; b < K / QMM_QK; b++) {
+        float *x = f + (size_t)b * QMM_QK;
+        if (b % 4 == 1) { x[7] = 999.f; x[200] = -999.f; }  /* tie: + first */
+        if (b % 4 == 2) { x[3] = -999.f; x[100] = 999.f; }  /* tie: - first */
+        if (b % 8 == 3) memset(x, 0, sizeof(float) * QMM_QK);
+        if (b % 8 == 7) x[5] = NAN;
+    }
+    CHECK(qmm_quantize_q8_K(QMM_SCALAR, f, ref, K) == 0, "scalar quantize");
+    CHECK(ref[1].d < 0 && ref[1].qs[7] == -127 && ref[1].qs[200] == 127 && ref[2].d > 0 && ref[2].qs[3] == -127 &&
+          ref[2].qs[100] == 127, "the first of tied maxima takes -127");
+    for (int path = QMM_AVX2; path <= QMM_AVX512; path++) {
+        if (qmm_quantize_q8_K(path, f, y, K) != 0) { printf("  quantize %s: not on this CPU\n", qmm_path_name(path)); continue; }
+        int diff = 0;
+        for (int b = 0; b < K / QMM_QK; b++) diff += memcmp(&y[b], &ref[b], sizeof y[b]) != 0;
+        CHECK(diff == 0, "quantize %s: %d blocks differ from the scalar path", qmm_path_name(path), diff);
+        printf("  quantize %s: %d blocks, %d differ from the scalar path in any bit\n", qmm_path_name(path), K / QMM_QK, diff);
+    }
+    free(f); free(ref); free(y);
+}
+
 int main(void) {
     printf("best path on this CPU: %s\n", qmm_path_name(qmm_best_path()));
+    test_quantize();
     const int Ks[] = {256, 1536, 2304};
     for (int t = 0; t < 3; t++) {
         int K = Ks[t], M = 19, nb = K / QMM_QK;
