@@ -262,8 +262,9 @@ class FakeContext:
         return out
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int],
-                    seq_ids: Sequence[Sequence[int]], logits: Sequence[bool]):
-        """Runs a batch; returns ``row(i)``, valid until the next decode (as LlamaContext)."""
+                    seq_ids: Sequence[Sequence[int]], logits: Sequence[bool], trims_after: bool = False):
+        """Runs a batch; returns ``row(i)``, valid until the next decode (as LlamaContext, which
+        pads; this fake never does, so ``trims_after`` changes nothing)."""
         self._check_open()
         tokens, positions = [int(t) for t in tokens], [int(p) for p in positions]
         seq_ids, flags = [[int(s) for s in ids] for ids in seq_ids], [bool(f) for f in logits]

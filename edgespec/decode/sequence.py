@@ -125,7 +125,8 @@ class KVSequence:
                 self.ctx.seq_cp(SEQ_MAIN, seq, 0, base)  # the context is visible from every path
             seqs = [list(range(1, len(leaves) + 1))] + node_paths
             positions = [base] + (base + draft.depth()).tolist()
-        return self.ctx.decode_rows(tokens, positions, seqs, [True] * (n + 1))
+        # trims_after: the commit or rollback that ends every verification removes a pad's cells
+        return self.ctx.decode_rows(tokens, positions, seqs, [True] * (n + 1), trims_after=True)
 
     def _commit(self, pending: int, draft: DraftTree, path: Sequence[int]) -> None:
         base = len(self.tokens)

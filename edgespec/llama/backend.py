@@ -566,12 +566,15 @@ class LlamaContext:
         return out
 
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int],
-                    seq_ids: Sequence[Sequence[int]], logits: Sequence[bool]) -> Rows:
+                    seq_ids: Sequence[Sequence[int]], logits: Sequence[bool], trims_after: bool = False) -> Rows:
         """Like ``decode`` but returns the flagged rows, read lazily (``Rows``).
 
         Verification flags every draft node yet usually needs only the rows on the accepted
         path; copying 150k floats per unneeded row would cost more than the check itself.
-        The accessor is valid until the next decode on this context.
+        The accessor is valid until the next decode on this context. ``trims_after``: the caller
+        removes every cell past the batch before the next decode (a verification's commit or
+        rollback), so a padded batch leaves its padding's cells to that: a cache edit scans every
+        cell of the context, and this saves one a step.
         """
         rows = self._batch.fill(tokens, positions, seq_ids, logits, self.model.n_vocab, self.n_ctx)
         if rows > self.n_outputs_max:  # llama.cpp would abort (output_reserve's assertion)
@@ -586,7 +589,7 @@ class LlamaContext:
         if padding is not None and rc == 1:  # no room for the pad's cells: as asked, unpadded
             padding, b.n_tokens = None, n
             rc = lc.llama_decode(self._ctx, b)
-        if rc == 0 and padding is not None:  # the cache holds what was asked, nothing after it
+        if rc == 0 and padding is not None and not trims_after:  # the cache holds what was asked
             self.seq_rm(*padding)
         _raise_lost_interrupt()
         if rc != 0:
