@@ -85,16 +85,19 @@ def accept_greedy(draft: DraftTree, target_argmax: np.ndarray) -> Acceptance:
         argmax at the last accepted node's row. Among siblings with the same token the first
         in drawing order wins.
     """
-    kids, tokens = _children_lists(draft), draft.tokens.tolist()
+    # (parent, token) -> the first such child in drawing order: one probe a row, not a scan
+    child: dict[tuple[int, int], int] = {}
+    for i, key in enumerate(zip(draft.parents.tolist(), draft.tokens.tolist())):
+        child.setdefault(key, i)
     path: list[int] = []
-    node, row = -1, 0
+    node = -1
     while True:
-        want = int(target_argmax[row])
-        nxt = next((c for c in kids.get(node, ()) if tokens[c] == want), None)
+        want = int(target_argmax[node + 1])
+        nxt = child.get((node, want))
         if nxt is None:
             return Acceptance(tuple(path), want)
         path.append(nxt)
-        node, row = nxt, nxt + 1
+        node = nxt
 
 
 def sample_without_replacement(q_ids: np.ndarray, q_probs: np.ndarray, k: int,
