@@ -41,6 +41,7 @@ _ARGMAX = _bind("llama_set_output_argmax", "llama_get_argmax_ith", [ctypes.c_boo
 OUTPUT_ARGMAX = _ARGMAX is not None  # this build picks every row's argmax in one op
 _TOPK = _bind("llama_set_output_topk", "llama_get_topk_ith", [ctypes.c_int32], [ctypes.c_void_p, ctypes.c_void_p])
 OUTPUT_TOPK = _TOPK is not None  # this build can return every row's k largest logits in one op
+_NULL = lc.LLAMA_TOKEN_NULL  # a row the backend picked no token for
 
 
 class Rows:
@@ -65,8 +66,10 @@ class Rows:
     def _picked(self, i: int) -> int | None:
         """Row ``i``'s token where the backend picked it, else None (its logits came back)."""
         self._check(i)
-        token = self._picking(self._ctx, i) if self._picking is not None else lc.LLAMA_TOKEN_NULL
-        return None if token == lc.LLAMA_TOKEN_NULL else int(token)
+        if self._picking is None:
+            return None
+        token = self._picking(self._ctx, i)
+        return None if token == _NULL else int(token)
 
     def _logits(self, i: int) -> np.ndarray:
         return np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))
@@ -134,7 +137,7 @@ class ArgmaxPicks:
             self.attached = on
         return on
 
-    read = staticmethod(lambda ctx, i: _ARGMAX[1](ctx, i))
+    read = staticmethod(_ARGMAX[1] if OUTPUT_ARGMAX else None)  # ctx, row -> token id (an int)
 
     def close(self) -> None:
         self.attached = False
@@ -179,7 +182,7 @@ class BackendGreedy:
         self._chain = None
         self.attached = False
 
-    read = staticmethod(lambda ctx, i: lc.llama_get_sampled_token_ith(ctx, i))
+    read = staticmethod(lc.llama_get_sampled_token_ith)  # ctx, row -> token id (an int)
 
     def set(self, on: bool) -> bool:
         """Attaches (``on``) or detaches the sampler; whether it is attached afterwards. A chain
