@@ -57,8 +57,8 @@ class Replay:
         self.truth: list[int] = []
         real_decode_rows = backend.LlamaContext.decode_rows
 
-        def decode_rows(ctx, tokens, positions, seq_ids, logits):
-            out = real_decode_rows(ctx, tokens, positions, seq_ids, logits)
+        def decode_rows(ctx, tokens, positions, seq_ids, logits, trims_after=False):
+            out = real_decode_rows(ctx, tokens, positions, seq_ids, logits, trims_after)
             out.replayed = (list(tokens), list(positions))
             out._picking = None  # nothing was decoded: the backend's picks are not read
             return out
