@@ -53,8 +53,9 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard native/*.c)
 
 # A CUDA build of the pinned llama-cpp-python from its source archive, never pip's cached CPU
 # wheel, with edgespec's llama.cpp patches (native/llama_cpp_patches.py: one CUDA graph per batch
-# shape) applied first. Its CPU backend stays llama.cpp's: on the H200 host's Xeon (AVX-512) the
-# CPU kernels (native/qmatmul) made draft-gpu's one-token decodes of the 1.5B 15% slower.
+# shape) applied first. Its CPU backend stays llama.cpp's: on an H200 host's Xeon (AVX-512) the
+# CPU kernels (native/qmatmul) made draft-gpu's one-token decodes of the 1.5B 5-15% slower
+# (though its speculation up to 17% faster).
 LLAMA_SRC := build/llama-cpp-python
 $(LLAMA_SRC)/.patched: $(BIN)/python pyproject.toml native/llama_cpp_patches.py
 	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
