@@ -79,8 +79,8 @@ class DraftConfig:
     allow_onnx: bool = True
     onnx_provider: str = "cpu"  # onnx drafter: execution provider (edgespec.onnx.providers.PROVIDERS)
     onnx_bits: str = "exact"  # onnx drafter: which conversion ("exact" | "4", edgespec.onnx.convert)
-    # The suffix index proposes its main path only (exact mode verifies chains: `auto` then
-    # prices what is verified, not the whole tree).
+    # The suffix index proposes its main path only (where the plan drafts chains, and in exact
+    # mode, which verifies chains: `auto` then prices what is verified, not the whole tree).
     chains: bool = False
 
     def __post_init__(self) -> None:

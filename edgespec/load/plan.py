@@ -56,11 +56,14 @@ class LoadPlan:
 
     def draft_config(self, kind: str | None = None, shape: placements.DraftShape | None = None) -> DraftConfig:
         """The drafter ``kind`` (default: the plan's) drafting ``shape`` (default: the plan's),
-        placed as this plan places drafters, and proposing chains in exact mode."""
+        placed as this plan places drafters. The suffix index drafts chains where the shape is
+        chains (a CPU target, unless --draft-tree) and in exact mode: a tree's accepted tokens sit
+        in cache cells out of position order, which parted 2 of 30 Spec-Bench answers from plain
+        decoding's on an AVX-512 VM whose kernels keep every row's bits."""
         c, shape = self.config, shape or self.shape
         cfg = DraftConfig(kind=kind or self.draft, draft_model=c.draft_model, tree=shape.tree, n_ctx=self.context.n_ctx,
                           n_threads=c.n_threads, draft_max=shape.draft_max, onnx_provider=c.onnx_provider,
-                          onnx_bits=c.onnx_bits, chains=c.exact)
+                          onnx_bits=c.onnx_bits, chains=c.exact or not shape.tree)
         d = self.drafter
         if d is None:
             return cfg
