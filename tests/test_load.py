@@ -77,3 +77,12 @@ def test_the_bench_and_the_engine_place_drafters_alike(store, monkeypatch):
     as_asked = resolve(EngineConfig(model=TARGET, draft="suffix", exact=True), machine(), store)
     cfg = as_asked.draft_config()
     assert cfg.kind == "suffix" and cfg.chains and cfg.model_params is None and cfg.allow_onnx
+
+
+def test_the_suffix_index_drafts_trees_only_where_the_plan_does(store):
+    """A tree's accepted tokens sit in cache cells out of position order, which parts answers
+    from plain decoding's: a CPU target's suffix index drafts chains unless --draft-tree."""
+    def chains(**kw) -> bool:
+        return resolve(EngineConfig(model=TARGET, draft="suffix", **kw), machine(), store).draft_config().chains
+    assert chains(placement="cpu")
+    assert not chains(placement="cpu", draft_tree=True)
