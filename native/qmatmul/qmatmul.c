@@ -423,45 +423,31 @@ AVX2_T INLINE void q6k_block_avx2(const int NR, const qmm_block_q6_K *w, const q
             }                                                                                    \
     }
 
-/* A path's kernels over its block functions (q4k_block_ISA, q6k_block_ISA) and accumulators
- * (ACC_ISA, ZERO_ISA, SUM_ISA: row t's 8 lanes summed): weight rows [o0, o1) against activation
- * rows 0..NR-1 (X, xm and Y start at the first), one weight row per pass, and the whole matmul
- * in groups of 8 activation rows. */
-#define QMM_KERNELS(ISA, TARGET)                                                                                    \
-TARGET INLINE void q4k_rows_##ISA(const int NR, int o0, int o1, int nb, const qmm_block_q4_K *W,                   \
-                                  const qmm_block_q8_K *X, const qmm_pair *P, float *Y, size_t ldy) {              \
-    for (int o = o0; o < o1; o++) {                                                                                \
-        const qmm_block_q4_K *w = W + (size_t)o * nb;                                                              \
-        ACC_##ISA acc[8];                                                                                          \
-        UNROLL                                                                                                     \
-        for (int t = 0; t < NR; t++) acc[t] = ZERO_##ISA();                                                        \
-        for (int b = 0; b < nb; b++) q4k_block_##ISA(NR, w + b, X + b, nb, P + b, nb, acc);      \
-        UNROLL                                                                                                     \
-        for (int t = 0; t < NR; t++) Y[t * ldy + o] = SUM_##ISA(acc, t);                                           \
-    }                                                                                                              \
-}                                                                                                                  \
-TARGET INLINE void q6k_rows_##ISA(const int NR, int o0, int o1, int nb, const qmm_block_q6_K *W,                   \
-                                  const qmm_block_q8_K *X, const qmm_pair *P, float *Y, size_t ldy) {              \
-    for (int o = o0; o < o1; o++) {                                                                                \
-        const qmm_block_q6_K *w = W + (size_t)o * nb;                                                              \
-        ACC_##ISA acc[8];                                                                                          \
-        UNROLL                                                                                                     \
-        for (int t = 0; t < NR; t++) acc[t] = ZERO_##ISA();                                                        \
-        for (int b = 0; b < nb; b++) q6k_block_##ISA(NR, w + b, X + b, nb, P + b, nb, acc);                                   \
-        UNROLL                                                                                                     \
-        for (int t = 0; t < NR; t++) Y[t * ldy + o] = SUM_##ISA(acc, t);                                           \
-    }                                                                                                              \
-}                                                                                                                  \
-TARGET static void q4k_##ISA(int K, int o0, int o1, int n, const qmm_block_q4_K *W, const qmm_block_q8_K *X,       \
-                             const qmm_pair *P, float *Y, size_t ldy) {                                            \
-    const int nb = K / QMM_QK;                                                                                     \
-    QMM_BY_GROUP(q4k_rows_##ISA, nb * (int)sizeof *W, nb, W, X + (size_t)r * nb, P + (size_t)r / 2 * nb, Y + (size_t)r * ldy, ldy) \
-}                                                                                                                  \
-TARGET static void q6k_##ISA(int K, int o0, int o1, int n, const qmm_block_q6_K *W, const qmm_block_q8_K *X,       \
-                             const qmm_pair *P, float *Y, size_t ldy) {                                            \
-    const int nb = K / QMM_QK;                                                                                     \
-    QMM_BY_GROUP(q6k_rows_##ISA, nb * (int)sizeof *W, nb, W, X + (size_t)r * nb, P + (size_t)r / 2 * nb, Y + (size_t)r * ldy, ldy)                       \
+/* One weight type's kernels for a path (Q: q4k or q6k, T: its block type's suffix), over the
+ * path's block function Q_block_ISA and accumulators (ACC_ISA, ZERO_ISA, SUM_ISA: row t's 8
+ * lanes summed): Q_rows_ISA takes weight rows [o0, o1) against activation rows 0..NR-1 (X, P
+ * and Y start at the first), one weight row per pass; Q_ISA the whole matmul in groups of 8
+ * activation rows. */
+#define QMM_TYPE_KERNELS(Q, T, ISA, TARGET)                                                                       \
+TARGET INLINE void Q##_rows_##ISA(const int NR, int o0, int o1, int nb, const qmm_block_##T *W,                   \
+                                  const qmm_block_q8_K *X, const qmm_pair *P, float *Y, size_t ldy) {            \
+    for (int o = o0; o < o1; o++) {                                                                              \
+        const qmm_block_##T *w = W + (size_t)o * nb;                                                             \
+        ACC_##ISA acc[8];                                                                                        \
+        UNROLL                                                                                                   \
+        for (int t = 0; t < NR; t++) acc[t] = ZERO_##ISA();                                                      \
+        for (int b = 0; b < nb; b++) Q##_block_##ISA(NR, w + b, X + b, nb, P + b, nb, acc);                      \
+        UNROLL                                                                                                   \
+        for (int t = 0; t < NR; t++) Y[t * ldy + o] = SUM_##ISA(acc, t);                                         \
+    }                                                                                                            \
+}                                                                                                                \
+TARGET static void Q##_##ISA(int K, int o0, int o1, int n, const qmm_block_##T *W, const qmm_block_q8_K *X,      \
+                             const qmm_pair *P, float *Y, size_t ldy) {                                          \
+    const int nb = K / QMM_QK;                                                                                   \
+    QMM_BY_GROUP(Q##_rows_##ISA, nb * (int)sizeof *W, nb, W, X + (size_t)r * nb, P + (size_t)r / 2 * nb,         \
+                 Y + (size_t)r * ldy, ldy)                                                                       \
 }
+#define QMM_KERNELS(ISA, TARGET) QMM_TYPE_KERNELS(q4k, q4_K, ISA, TARGET) QMM_TYPE_KERNELS(q6k, q6_K, ISA, TARGET)
 
 /* AVX2: one 8-lane accumulator per activation row. */
 typedef __m256 ACC_avx2;
