@@ -158,23 +158,28 @@ static inline float hsum8_ref(const float a[8]) {
 }
 
 /* What the kernels read of one block of two activation rows (rows 2p and 2p+1 of pair p; an odd
- * last row fills both halves), each as one 512-bit vector: the 8 lanes' share of the Q4_K min
+ * last row fills both halves), each as one 512-bit vector: for the AVX-512 kernels, chunk c of
+ * the quants (32 bytes) of both rows, the even row first; the 8 lanes' share of the Q4_K min
  * term, d_x * (bsums[2l] + bsums[2l+1]); d_x in 8 lanes; the 16 bsums. Built once per call, a
- * thread's scratch grown as needed: the AVX-512 kernels then join no halves per block (one
- * thread, cached: 3.3 to 3.0-3.2 ns a Q4_K block and row at n = 8 and 16). */
+ * thread's scratch grown as needed. With the quants of a pair side by side, a 512-bit product
+ * holds the same chunk of two rows, so the rows' lanes need no folding and a pair takes one
+ * accumulator: 16 rows fit the registers (one thread, cached, Q4_K at n = 16: 3.19 to 2.5 ns a
+ * block and row). */
 typedef struct {
+    int8_t qs[8][64];
     float xm[16], xd[16];
     int16_t bsums[32];
-} qmm_pair;
+} __attribute__((aligned(64))) qmm_pair;
 
 static _Thread_local qmm_pair *pair_buf;
 static _Thread_local size_t pair_cap;
 
-static const qmm_pair *row_pairs(int n, int nb, const qmm_block_q8_K *X) {
+static const qmm_pair *row_pairs(int n, int nb, const qmm_block_q8_K *X, int with_qs) {
     size_t need = (size_t)(n + 1) / 2 * nb;
     if (need > pair_cap) {
-        qmm_pair *p = realloc(pair_buf, need * sizeof *p);
+        qmm_pair *p = aligned_alloc(64, need * sizeof *p);
         if (!p) return NULL;
+        free(pair_buf);
         pair_buf = p;
         pair_cap = need;
     }
@@ -184,6 +189,7 @@ static const qmm_pair *row_pairs(int n, int nb, const qmm_block_q8_K *X) {
                 const int r = 2 * p + h < n ? 2 * p + h : n - 1;
                 const qmm_block_q8_K *x = &X[(size_t)r * nb + b];
                 qmm_pair *pb = &pair_buf[(size_t)p * nb + b];
+                for (int c = 0; with_qs && c < 8; c++) memcpy(pb->qs[c] + 32 * h, x->qs + 32 * c, 32);
                 for (int l = 0; l < 8; l++) {
                     pb->xm[8 * h + l] = x->d * (float)(x->bsums[2 * l] + x->bsums[2 * l + 1]);
                     pb->xd[8 * h + l] = x->d;
@@ -405,29 +411,33 @@ AVX2_T INLINE void q6k_block_avx2(const int NR, const qmm_block_q6_K *w, const q
     }
 }
 
-/* Activation rows in groups of 8 (the last group 1..8): ROWS(NR, o0, o1, args...) for the group
- * starting at activation row r (the args may read r). The weight rows go in tiles of about 16 KB,
- * every group over a tile before the next, so that from 9 rows on the later groups read the tile
- * from cache, not memory (16 rows, one thread: Q6_K 5.0 to 4.1 ns a block and row). Groups of 16
- * spill registers: 4.6 against 3.5 ns. */
+/* Activation rows in groups of G (8 on AVX2, 16 on AVX-512; the last group 1..G): ROWS(NR, o0,
+ * o1, args...) for the group starting at activation row r (the args may read r). The weight rows
+ * go in tiles of about 16 KB, every group over a tile before the next, so that with several
+ * groups the later ones read the tile from cache, not memory (16 rows in two groups, one thread:
+ * Q6_K 5.0 to 4.1 ns a block and row). */
 #define QMM_CASE(k, ROWS, ...) case k: ROWS(k, t0, t1, __VA_ARGS__); break;
-#define QMM_BY_GROUP(ROWS, WBYTES, ...)                                                          \
+#define QMM_CASES_8(ROWS, ...)                                                                   \
+    QMM_CASE(1, ROWS, __VA_ARGS__) QMM_CASE(2, ROWS, __VA_ARGS__) QMM_CASE(3, ROWS, __VA_ARGS__) \
+    QMM_CASE(4, ROWS, __VA_ARGS__) QMM_CASE(5, ROWS, __VA_ARGS__) QMM_CASE(6, ROWS, __VA_ARGS__) \
+    QMM_CASE(7, ROWS, __VA_ARGS__) QMM_CASE(8, ROWS, __VA_ARGS__)
+#define QMM_CASES_16(ROWS, ...)                                                                  \
+    QMM_CASES_8(ROWS, __VA_ARGS__) QMM_CASE(9, ROWS, __VA_ARGS__) QMM_CASE(10, ROWS, __VA_ARGS__) \
+    QMM_CASE(11, ROWS, __VA_ARGS__) QMM_CASE(12, ROWS, __VA_ARGS__) QMM_CASE(13, ROWS, __VA_ARGS__) \
+    QMM_CASE(14, ROWS, __VA_ARGS__) QMM_CASE(15, ROWS, __VA_ARGS__) QMM_CASE(16, ROWS, __VA_ARGS__)
+#define QMM_BY_GROUP(G, ...) QMM_BY_GROUP_(G, __VA_ARGS__)
+#define QMM_BY_GROUP_(G, ROWS, WBYTES, ...)                                                      \
     for (int t0 = o0, tile = 16384 / (WBYTES) > 1 ? 16384 / (WBYTES) : 1; t0 < o1; t0 += tile) {  \
         const int t1 = o1 - t0 < tile ? o1 : t0 + tile;                                          \
-        for (int r = 0; r < n; r += 8)                                                           \
-            switch (n - r < 8 ? n - r : 8) {                                                     \
-                QMM_CASE(1, ROWS, __VA_ARGS__) QMM_CASE(2, ROWS, __VA_ARGS__)                    \
-                QMM_CASE(3, ROWS, __VA_ARGS__) QMM_CASE(4, ROWS, __VA_ARGS__)                    \
-                QMM_CASE(5, ROWS, __VA_ARGS__) QMM_CASE(6, ROWS, __VA_ARGS__)                    \
-                QMM_CASE(7, ROWS, __VA_ARGS__) QMM_CASE(8, ROWS, __VA_ARGS__)                    \
-            }                                                                                    \
+        for (int r = 0; r < n; r += G)                                                           \
+            switch (n - r < G ? n - r : G) { QMM_CASES_##G(ROWS, __VA_ARGS__) }                  \
     }
 
 /* One weight type's kernels for a path (Q: q4k or q6k, T: its block type's suffix), over the
- * path's block function Q_block_ISA and accumulators (ACC_ISA, ZERO_ISA, SUM_ISA: row t's 8
- * lanes summed): Q_rows_ISA takes weight rows [o0, o1) against activation rows 0..NR-1 (X, P
- * and Y start at the first), one weight row per pass; Q_ISA the whole matmul in groups of 8
- * activation rows. */
+ * path's block function Q_block_ISA and accumulators (ACC_ISA, NACC_ISA(NR) of them for NR rows,
+ * ZERO_ISA, SUM_ISA: row t's 8 lanes summed) in groups of GROUP_ISA rows: Q_rows_ISA takes
+ * weight rows [o0, o1) against activation rows 0..NR-1 (X, P and Y start at the first), one
+ * weight row per pass; Q_ISA the whole matmul. */
 #define QMM_TYPE_KERNELS(Q, T, ISA, TARGET)                                                                       \
 TARGET INLINE void Q##_rows_##ISA(const int NR, int o0, int o1, int nb, const qmm_block_##T *W,                   \
                                   const qmm_block_q8_K *X, const qmm_pair *P, float *Y, size_t ldy) {            \
@@ -435,7 +445,7 @@ TARGET INLINE void Q##_rows_##ISA(const int NR, int o0, int o1, int nb, const qm
         const qmm_block_##T *w = W + (size_t)o * nb;                                                             \
         ACC_##ISA acc[8];                                                                                        \
         UNROLL                                                                                                   \
-        for (int t = 0; t < NR; t++) acc[t] = ZERO_##ISA();                                                      \
+        for (int t = 0; t < NACC_##ISA(NR); t++) acc[t] = ZERO_##ISA();                                          \
         for (int b = 0; b < nb; b++) Q##_block_##ISA(NR, w + b, X + b, nb, P + b, nb, acc);                      \
         UNROLL                                                                                                   \
         for (int t = 0; t < NR; t++) Y[t * ldy + o] = SUM_##ISA(acc, t);                                         \
@@ -444,29 +454,26 @@ TARGET INLINE void Q##_rows_##ISA(const int NR, int o0, int o1, int nb, const qm
 TARGET static void Q##_##ISA(int K, int o0, int o1, int n, const qmm_block_##T *W, const qmm_block_q8_K *X,      \
                              const qmm_pair *P, float *Y, size_t ldy) {                                          \
     const int nb = K / QMM_QK;                                                                                   \
-    QMM_BY_GROUP(Q##_rows_##ISA, nb * (int)sizeof *W, nb, W, X + (size_t)r * nb, P + (size_t)r / 2 * nb,         \
-                 Y + (size_t)r * ldy, ldy)                                                                       \
+    QMM_BY_GROUP(GROUP_##ISA, Q##_rows_##ISA, nb * (int)sizeof *W, nb, W, X + (size_t)r * nb,                    \
+                 P + (size_t)r / 2 * nb, Y + (size_t)r * ldy, ldy)                                               \
 }
 #define QMM_KERNELS(ISA, TARGET) QMM_TYPE_KERNELS(q4k, q4_K, ISA, TARGET) QMM_TYPE_KERNELS(q6k, q6_K, ISA, TARGET)
 
 /* AVX2: one 8-lane accumulator per activation row. */
 typedef __m256 ACC_avx2;
+#define NACC_avx2(NR) (NR)
+#define GROUP_avx2 8
 #define ZERO_avx2 _mm256_setzero_ps
 #define SUM_avx2(acc, t) hsum8_avx((acc)[t])
 QMM_KERNELS(avx2, AVX2_T)
 
 /* ---------------------------------------------------------------- AVX-512 VNNI */
-/* The AVX2 kernel's shape, 64 bytes an instruction: each pair of 32-byte groups of a block is
- * unpacked in registers into one 512-bit vector (the even group in the low half) and used at once
- * by up to 8 activation rows, vpmaddubsw then vpdpwssd (which applies the 16-bit scales and
- * accumulates). Lanes 8..15 (the odd groups) are added onto lanes 0..7 at the end of the block:
- * the same integers as the 8-lane paths, so the same bits. */
+/* Two activation rows a vector: each 32-byte chunk of a weight block is unpacked in registers
+ * into both halves of a 512-bit vector and multiplied by the same chunk of a row pair (the even
+ * row in the low half, from the pair table), vpmaddubsw then vpdpwssd (which applies the 16-bit
+ * scales and accumulates), 64 bytes an instruction. Lane l of each half gets the integers of the
+ * 8-lane paths, so the same bits; the float part also runs on the two rows at once. */
 #define AVX512_T __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-
-/* Row a's lanes 8..15 added onto its lanes 0..7 in the low half, row b's in the high half. */
-AVX512_T INLINE __m512i fold_pair(__m512i a, __m512i b) {
-    return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xee));
-}
 
 AVX512_T INLINE __m512 pair512(__m256 lo, __m256 hi) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
@@ -481,29 +488,50 @@ AVX512_T INLINE __m512i twice512(__m256i v) {
     return _mm512_broadcast_i64x4(v);
 }
 
-/* Per pair of 32-byte groups of a block: the quants unpacked in 512 bits by one masked shift of
- * the high half and one and, the scales by one 512-bit pshufb (two consecutive 32-byte patterns);
- * half the ops of two 256-bit groups joined (one thread, cached: 6.2 to 5.2 ns a Q4_K block and
- * row at n = 2, 4.4 to 3.9 at n = 4). */
-#define HIGH_WORDS 0xffff0000u  /* the 16-bit lanes of the high 256 bits */
+AVX512_T INLINE __m512i twice512_at(const void *p) {
+    return twice512(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* The integer part of a block for NR rows (NP pairs): chunks 2g (into a) and 2g+1 (into b, which
+ * is a itself from 5 pairs on, where the registers run short; up to 4 pairs the second chain
+ * hides vpdpwssd's latency). CHUNKS(g, q0, s0, q1, s1) gives both chunks' quants and scales. */
+#define QMM_INT_AVX512(NR, pb, pstride, a, CHUNKS)                                                        \
+    const int NP = ((NR) + 1) / 2, SPLIT = NP <= 4;                                                      \
+    __m512i a[8], a##_b[8];                                                                              \
+    UNROLL                                                                                               \
+    for (int p = 0; p < NP; p++) a[p] = _mm512_setzero_si512();                                          \
+    UNROLL                                                                                               \
+    for (int p = 0; p < NP; p++) a##_b[p] = _mm512_setzero_si512();                                      \
+    UNROLL                                                                                               \
+    for (int g = 0; g < 4; g++) {                                                                        \
+        __m512i q0, s0, q1, s1;                                                                          \
+        CHUNKS(g, q0, s0, q1, s1);                                                                       \
+        UNROLL                                                                                           \
+        for (int p = 0; p < NP; p++) {                                                                   \
+            const int8_t *x = pb[p * (pstride)].qs[2 * g];                                               \
+            a[p] = _mm512_dpwssd_epi32(a[p], _mm512_maddubs_epi16(q0, _mm512_load_si512(x)), s0);        \
+            const __m512i m = _mm512_maddubs_epi16(q1, _mm512_load_si512(x + 64));                      \
+            if (SPLIT) a##_b[p] = _mm512_dpwssd_epi32(a##_b[p], m, s1);                                  \
+            else a[p] = _mm512_dpwssd_epi32(a[p], m, s1);                                                \
+        }                                                                                                \
+    }                                                                                                    \
+    UNROLL                                                                                               \
+    for (int p = 0; p < NP; p++) a[p] = SPLIT ? _mm512_add_epi32(a[p], a##_b[p]) : a[p];
 
 AVX512_T INLINE void q4k_block_avx512(const int NR, const qmm_block_q4_K *w, const qmm_block_q8_K *x, size_t xstride,
                                       const qmm_pair *pb, size_t pstride, __m512 *acc) {
+    (void)x, (void)xstride;
     const __m512i m4 = _mm512_set1_epi8(0xf);
     const __m256i sm = q4k_scales_avx2(w->scales);
     const __m512i sm4 = twice512(sm);
-    __m512i a[8];
-    UNROLL
-    for (int t = 0; t < NR; t++) a[t] = _mm512_setzero_si512();
-    UNROLL
-    for (int g = 0; g < 4; g++) {
-        const __m512i bits = twice512(_mm256_loadu_si256((const __m256i *)(w->qs + 32 * g)));
-        const __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(bits, HIGH_WORDS, bits, 4), m4);
-        const __m512i sc = _mm512_shuffle_epi8(sm4, _mm512_loadu_si512(q4k_scale_pat[2 * g]));
-        UNROLL
-        for (int t = 0; t < NR; t++)
-            a[t] = _mm512_dpwssd_epi32(a[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x[t * xstride].qs + 64 * g)), sc);
-    }
+#define Q4K_CHUNKS(g, q0, s0, q1, s1)                                          \
+    const __m512i bits = twice512_at(w->qs + 32 * g);                          \
+    q0 = _mm512_and_si512(bits, m4);                                           \
+    q1 = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);                     \
+    s0 = _mm512_shuffle_epi8(sm4, twice512_at(q4k_scale_pat[2 * g]));          \
+    s1 = _mm512_shuffle_epi8(sm4, twice512_at(q4k_scale_pat[2 * g + 1]))
+    QMM_INT_AVX512(NR, pb, pstride, a, Q4K_CHUNKS)
+#undef Q4K_CHUNKS
     int dm;
     memcpy(&dm, &w->d, 4);
     const __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));  /* d, dmin */
@@ -512,58 +540,55 @@ AVX512_T INLINE void q4k_block_avx512(const int NR, const qmm_block_q4_K *w, con
     const __m256 mp8 = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(ds)), mf);  /* dmin*m */
     const __m512 mp = pair512(mp8, mp8);
     UNROLL
-    for (int t = 0; t < NR; t += 2) {
-        const int u = t + 1 < NR ? t + 1 : t;  /* an odd last row fills both halves; its upper half is never read */
-        const qmm_pair *p = &pb[t / 2 * pstride];
-        acc[t / 2] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_loadu_ps(p->xd)), _mm512_cvtepi32_ps(fold_pair(a[t], a[u])), acc[t / 2]);
-        acc[t / 2] = _mm512_fnmadd_ps(mp, _mm512_loadu_ps(p->xm), acc[t / 2]);
+    for (int p = 0; p < NP; p++) {
+        const qmm_pair *q = &pb[p * pstride];
+        acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(q->xd)), _mm512_cvtepi32_ps(a[p]), acc[p]);
+        acc[p] = _mm512_fnmadd_ps(mp, _mm512_load_ps(q->xm), acc[p]);
     }
 }
 
-/* Q6_K chunks 2g and 2g+1 (0..63, element order) in one 512-bit vector: their low 4 bits are 64
- * consecutive bytes of ql (low or high nibbles), their top 2 bits the same 32 bytes of qh shifted
- * by 2 more in the high half than in the low. */
-AVX512_T INLINE __m512i q6k_pair_avx512(const qmm_block_q6_K *w, int g) {
-    const __m512i m4 = _mm512_set1_epi8(0xf), m2 = _mm512_set1_epi8(0x30);
-    const __m512i l = _mm512_loadu_si512(w->ql + 64 * (g / 2));
-    const __m512i h = twice512(_mm256_loadu_si256((const __m256i *)(w->qh + 32 * (g / 2))));
-    const __m512i lo = g % 2 ? _mm512_and_si512(_mm512_srli_epi16(l, 4), m4) : _mm512_and_si512(l, m4);
-    /* qh bits 2k, 2k+1 of chunk k = c % 4 to bits 4, 5: left by 4 and 2 (k = 0, 1), right by 0 and 2 (k = 2, 3) */
-    const __m512i hi = g % 2 ? _mm512_and_si512(_mm512_mask_srli_epi16(h, HIGH_WORDS, h, 2), m2)
-                             : _mm512_and_si512(_mm512_mask_slli_epi16(_mm512_slli_epi16(h, 4), HIGH_WORDS, h, 2), m2);
+/* Q6_K chunk c (0..7, element order) in both halves: its low 4 bits are 32 bytes of ql (low or
+ * high nibbles), its top 2 bits a bit pair of the 32 bytes of qh it shares with 3 other chunks. */
+AVX512_T INLINE __m512i q6k_chunk_avx512(const qmm_block_q6_K *w, int c) {
+    const int h = c / 4, k = c % 4;
+    const __m512i m4 = _mm512_set1_epi8(0xf);
+    const __m512i l = twice512_at(w->ql + 64 * h + 32 * (k & 1));
+    const __m512i hb = twice512_at(w->qh + 32 * h);
+    const __m512i lo = k < 2 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+    const __m512i hi = k == 0 ? _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(3)), 4)
+                     : k == 1 ? _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(12)), 2)
+                     : k == 2 ? _mm512_and_si512(hb, _mm512_set1_epi8(48))
+                              : _mm512_srli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(-64)), 2);
     return _mm512_or_si512(lo, hi);
 }
 
 AVX512_T INLINE void q6k_block_avx512(const int NR, const qmm_block_q6_K *w, const qmm_block_q8_K *x, size_t xstride,
                                       const qmm_pair *pb, size_t pstride, __m512 *acc) {
+    (void)x, (void)xstride;
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w->scales));
     const __m512i s_lo = twice512(_mm256_permute2x128_si256(s16, s16, 0x00)), s_hi = twice512(_mm256_permute2x128_si256(s16, s16, 0x11));
-    __m512i a[8];
-    UNROLL
-    for (int t = 0; t < NR; t++) a[t] = _mm512_setzero_si512();
-    UNROLL
-    for (int g = 0; g < 4; g++) {
-        const __m512i q = q6k_pair_avx512(w, g);
-        const __m512i sc = _mm512_shuffle_epi8(g < 2 ? s_lo : s_hi, _mm512_loadu_si512(q6k_scale_pat[2 * g % 4]));
-        UNROLL
-        for (int t = 0; t < NR; t++)
-            a[t] = _mm512_dpwssd_epi32(a[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x[t * xstride].qs + 64 * g)), sc);
-    }
+#define Q6K_CHUNKS(g, q0, s0, q1, s1)                                                  \
+    q0 = q6k_chunk_avx512(w, 2 * g);                                                   \
+    q1 = q6k_chunk_avx512(w, 2 * g + 1);                                               \
+    s0 = _mm512_shuffle_epi8(g < 2 ? s_lo : s_hi, twice512_at(q6k_scale_pat[2 * g % 4]));     \
+    s1 = _mm512_shuffle_epi8(g < 2 ? s_lo : s_hi, twice512_at(q6k_scale_pat[(2 * g + 1) % 4]))
+    QMM_INT_AVX512(NR, pb, pstride, a, Q6K_CHUNKS)
+#undef Q6K_CHUNKS
     const __m512 dw = _mm512_set1_ps(_cvtsh_ss(w->d));
     const __m512i s32 = join512(s16, s16);
     UNROLL
-    for (int t = 0; t < NR; t += 2) {
-        const int u = t + 1 < NR ? t + 1 : t;
-        const qmm_pair *p = &pb[t / 2 * pstride];
-        const __m512i ms = _mm512_madd_epi16(_mm512_loadu_si512(p->bsums), s32);
-        const __m512i is = _mm512_sub_epi32(fold_pair(a[t], a[u]), _mm512_slli_epi32(ms, 5));
-        acc[t / 2] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_loadu_ps(p->xd)), _mm512_cvtepi32_ps(is), acc[t / 2]);
+    for (int p = 0; p < NP; p++) {
+        const qmm_pair *q = &pb[p * pstride];
+        const __m512i ms = _mm512_madd_epi16(_mm512_load_si512(q->bsums), s32);
+        const __m512i is = _mm512_sub_epi32(a[p], _mm512_slli_epi32(ms, 5));
+        acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_load_ps(q->xd)), _mm512_cvtepi32_ps(is), acc[p]);
     }
 }
 
-/* AVX-512: the float part runs on two activation rows at once, row 2p in the low half of
- * accumulator p and row 2p+1 in the high half: the same lane operations, so the same bits. */
+/* Row 2p in the low half of accumulator p, row 2p+1 in the high half. */
 typedef __m512 ACC_avx512;
+#define NACC_avx512(NR) (((NR) + 1) / 2)
+#define GROUP_avx512 16
 #define ZERO_avx512 _mm512_setzero_ps
 #define SUM_avx512(acc, t) hsum8_avx((t) & 1 ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd((acc)[(t) / 2]), 1)) \
                                              : _mm512_castps512_ps256((acc)[(t) / 2]))
@@ -611,7 +636,7 @@ static int check(int *path, int K, int o0, int o1, int n) {
 int qmm_q4_K(int path, int K, int o0, int o1, int n, const qmm_block_q4_K *W,
              const qmm_block_q8_K *X, float *Y, size_t ldy) {
     if (!check(&path, K, o0, o1, n)) return -1;
-    const qmm_pair *P = row_pairs(n, K / QMM_QK, X);
+    const qmm_pair *P = row_pairs(n, K / QMM_QK, X, path == QMM_AVX512);
     if (!P) return -1;
 #ifdef QMM_X86
     if (path == QMM_AVX512) { q4k_avx512(K, o0, o1, n, W, X, P, Y, ldy); return 0; }
@@ -628,7 +653,7 @@ int qmm_q6_K(int path, int K, int o0, int o1, int n, const qmm_block_q6_K *W,
     if (!check(&path, K, o0, o1, n)) return -1;
 #ifdef QMM_X86
     if (path == QMM_AVX512) {
-        const qmm_pair *P = row_pairs(n, K / QMM_QK, X);
+        const qmm_pair *P = row_pairs(n, K / QMM_QK, X, 1);
         if (!P) return -1;
         q6k_avx512(K, o0, o1, n, W, X, P, Y, ldy);
         return 0;
