@@ -305,18 +305,3 @@ def test_only_a_drafted_target_wholly_on_the_gpu_of_a_patched_build_keeps_graphs
     assert pl.graph_sizes(-1, 28, 33, False) == ()  # a CPU build
     monkeypatch.setattr(pl, "OUTPUT_ARGMAX", False)
     assert pl.graph_sizes(29, 28, 33, True) == ()  # a stock build keeps no graphs to pad for
-
-
-def test_a_drafter_on_the_gpu_beside_a_cpu_target_takes_the_prompt_during_the_prefill(model_path, store):
-    """Its first draft would otherwise catch up on the whole prompt; where both share a
-    processor the prefill would pay for it instead."""
-    from edgespec.load import resolve
-
-    def beside(placement: str | None, vram: int = 16 * GiB) -> bool:
-        config = EngineConfig(model=str(model_path(TARGET)), n_ctx=1024, draft="model", ram_budget=8 * GiB,
-                              vram_budget=vram, placement=placement)
-        p = resolve(config, gpu_machine(16 * GiB), store)
-        return p.draft_config().prefill_beside
-    model_path(DRAFTER)
-    assert beside("draft-gpu") and beside("overlap")
-    assert not beside("gpu") and not beside("cpu") and not beside("offload", 1200 * MiB)

@@ -776,26 +776,3 @@ def test_a_request_starts_beside_its_prefill_and_a_failed_prefill_reports_its_ow
     with pytest.raises(BackendError, match="no room"):
         decoder.generate(prompt, request(4))
     assert drafter.ended == 2  # the request ended for the drafter too
-
-
-def test_a_drafter_that_prefills_beside_the_target_holds_the_prompt_after_begin():
-    """DraftConfig.prefill_beside: begin() (beside the target's prefill) takes the prompt into
-    the drafter's cache, so the first draft decodes only the pending token; drafts and answers
-    are those of a drafter that catches up at its first draft."""
-    rng = np.random.default_rng(13)
-    prompt = random_prompt(rng, 40)
-    ahead, late = model_drafter(), model_drafter()
-    ahead.prefill_beside = True
-    for d in (ahead, late):
-        d.begin(prompt)
-    assert ahead.seq.tokens == list(prompt) and late.seq.tokens == []
-    before = ahead.ctx.rows_evaluated, late.ctx.rows_evaluated
-    context = list(prompt) + [TARGET.greedy(prompt, 1)[0]]
-    chain = ahead.propose(context, 8)
-    assert chain.tokens.tolist() == late.propose(context, 8).tokens.tolist()
-    # the first draft decoded the pending token and its chain; the late one the prompt too
-    assert late.ctx.rows_evaluated - before[1] - (ahead.ctx.rows_evaluated - before[0]) == len(prompt)
-    drafter = model_drafter()
-    drafter.prefill_beside = True
-    decoder = Decoder(TARGET, KVSequence(FakeContext(TARGET, n_ctx=N_CTX, n_seq_max=9)), SpeculativeStep(drafter, 8))
-    assert list(decoder.generate(prompt, request(60, ignore_eos=True)).token_ids) == TARGET.greedy(prompt, 60)

@@ -82,11 +82,6 @@ class DraftConfig:
     # The suffix index proposes its main path only (where the plan drafts chains, and in exact
     # mode, which verifies chains: `auto` then prices what is verified, not the whole tree).
     chains: bool = False
-    # The drafter model takes each prompt while the target prefills it, where the two run on
-    # different processors (a drafter on the GPU beside a CPU target): its first draft would
-    # otherwise catch up on the whole prompt (150-206 ms of an H200 for a code edit's, against
-    # about 0.9 s for the whole 128-token answer).
-    prefill_beside: bool = False
 
     def __post_init__(self) -> None:
         check_onnx_options(self.onnx_provider, self.onnx_bits)

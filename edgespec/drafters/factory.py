@@ -33,8 +33,7 @@ def load_model_drafter(target: LlamaModel, path: Path, cfg: DraftConfig):
     check_compatible(target.gguf, model_file(path).gguf)
     model = LlamaModel(path, cfg.model_params or ModelParams())
     try:
-        return ModelDrafter(model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, tree=cfg.tree, owns_model=True,
-                            prefill_beside=cfg.prefill_beside)
+        return ModelDrafter(model, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, tree=cfg.tree, owns_model=True)
     except BaseException:
         model.close()
         raise

@@ -113,15 +113,12 @@ class ModelDrafter:
 
     def __init__(self, model: LlamaModel, n_ctx: int = 4096, n_threads: int | None = None,
                  tree: bool = False, min_confidence: float = 0.4, branch: int = 8, round_size: int | None = None,
-                 ctx=None, owns_model: bool = False, prefill_beside: bool = False):
+                 ctx=None, owns_model: bool = False):
         """``ctx``: a context to draft in instead of a new one over ``model`` (tests pass an
         exact fake with the LlamaContext interface); ``owns_model``: close() frees the model too
-        (it was loaded for this drafter alone); ``prefill_beside``: begin() takes the prompt
-        into the cache (it runs beside the target's prefill: worth it where the drafter has a
-        processor of its own, DraftConfig.prefill_beside)."""
+        (it was loaded for this drafter alone)."""
         self.model = model
         self.owns_model = owns_model
-        self.prefill_beside = prefill_beside
         self.tree = tree
         self.min_confidence = min_confidence
         self.branch = branch
@@ -146,8 +143,6 @@ class ModelDrafter:
         self.params = sampling or SamplingParams(temperature=0.0)
         self.rng = rng if rng is not None else np.random.default_rng()
         self._verifying = None
-        if self.prefill_beside and 0 < len(prompt) < self.ctx.n_ctx - 1:
-            self.seq.sync(prompt)  # the first draft then decodes only what was emitted since
 
     def observe(self, emitted: Sequence[int]) -> None:
         """Learns what the last tree accepted (the next propose() syncs the cache itself)."""

@@ -68,10 +68,8 @@ class LoadPlan:
         if d is None:
             return cfg
         # An ONNX drafter is counted only for --draft onnx, so `auto` may not pick one here.
-        on_gpu = d.model_params is not None and d.model_params.n_gpu_layers != 0
         return replace(cfg, allow_model=d.model_allowed, allow_onnx=False, model_params=d.model_params,
-                       suffix_history_tokens=d.suffix_cap_tokens, calibration_tag=d.calibration_tag,
-                       prefill_beside=on_gpu and self.model.n_gpu_layers == 0)
+                       suffix_history_tokens=d.suffix_cap_tokens, calibration_tag=d.calibration_tag)
 
     def to_dict(self) -> dict:
         """The plan as JSON: the planner's plan (when placed) and the load settings."""
