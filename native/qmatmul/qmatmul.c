@@ -618,7 +618,8 @@ int qmm_best_path(void) {
 
 /* QMM_AUTO for n rows: AVX-512 VNNI from 2 rows where the CPU has it. Every path gives the same
  * bits, so the choice may follow n. On a 2-core AVX-512 Xeon VM, one thread, ns a Q4_K block and
- * row, cached: AVX2 9.7, 6.8, 5.4, 4.7 at n = 1, 2, 4, 16; AVX-512 VNNI 11.1, 6.4, 4.5, 3.6. */
+ * row, cached: AVX2 9.7, 6.8, 5.4, 4.7 at n = 1, 2, 4, 16; AVX-512 VNNI 5.4-5.7, 3.8, 2.5 at
+ * n = 2, 4, 16. */
 static int auto_path(int n) {
     return n >= 2 && have(QMM_AVX512) ? QMM_AVX512 : qmm_best_path();
 }
