@@ -492,14 +492,70 @@ AVX512_T INLINE __m512i twice512_at(const void *p) {
     return twice512(_mm256_loadu_si256((const __m256i *)p));
 }
 
+/* One row pair (n = 2, or a last odd row): two chunks of one row in a vector instead, 2g in the
+ * low half and 2g+1 in the high half, unpacked by one masked shift and one and; the row's two
+ * halves are folded into its 8 lanes at the end of the block. Fewer unpacking ops where only one
+ * pair reads each chunk (the 1.5B with qattn: T(2) 75-77 to 73-74 ms). */
+#define HIGH_WORDS 0xffff0000u  /* the 16-bit lanes of the high 256 bits */
+
+/* Row a's lanes 8..15 added onto its lanes 0..7 in the low half, row b's in the high half. */
+AVX512_T INLINE __m512i fold_pair(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xee));
+}
+
+AVX512_T INLINE __m512i q4k_one_pair_avx512(const int NR, const qmm_block_q4_K *w, const qmm_block_q8_K *x,
+                                            size_t xstride, __m512i sm4) {
+    const __m512i m4 = _mm512_set1_epi8(0xf);
+    __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    UNROLL
+    for (int g = 0; g < 4; g++) {
+        const __m512i bits = twice512_at(w->qs + 32 * g);
+        const __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(bits, HIGH_WORDS, bits, 4), m4);
+        const __m512i sc = _mm512_shuffle_epi8(sm4, _mm512_loadu_si512(q4k_scale_pat[2 * g]));
+        UNROLL
+        for (int t = 0; t < NR; t++)
+            a[t] = _mm512_dpwssd_epi32(a[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x[t * xstride].qs + 64 * g)), sc);
+    }
+    return fold_pair(a[0], a[NR - 1]);
+}
+
+/* Q6_K chunks 2g and 2g+1 in one vector: their low 4 bits are 64 consecutive bytes of ql (low or
+ * high nibbles), their top 2 bits the same 32 bytes of qh shifted by 2 more in the high half. */
+AVX512_T INLINE __m512i q6k_two_chunks_avx512(const qmm_block_q6_K *w, int g) {
+    const __m512i m4 = _mm512_set1_epi8(0xf), m2 = _mm512_set1_epi8(0x30);
+    const __m512i l = _mm512_loadu_si512(w->ql + 64 * (g / 2));
+    const __m512i h = twice512_at(w->qh + 32 * (g / 2));
+    const __m512i lo = g % 2 ? _mm512_and_si512(_mm512_srli_epi16(l, 4), m4) : _mm512_and_si512(l, m4);
+    /* qh bits 2k, 2k+1 of chunk k = c % 4 to bits 4, 5: left by 4 and 2 (k = 0, 1), right by 0 and 2 (k = 2, 3) */
+    const __m512i hi = g % 2 ? _mm512_and_si512(_mm512_mask_srli_epi16(h, HIGH_WORDS, h, 2), m2)
+                             : _mm512_and_si512(_mm512_mask_slli_epi16(_mm512_slli_epi16(h, 4), HIGH_WORDS, h, 2), m2);
+    return _mm512_or_si512(lo, hi);
+}
+
+AVX512_T INLINE __m512i q6k_one_pair_avx512(const int NR, const qmm_block_q6_K *w, const qmm_block_q8_K *x,
+                                            size_t xstride, __m512i s_lo, __m512i s_hi) {
+    __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    UNROLL
+    for (int g = 0; g < 4; g++) {
+        const __m512i q = q6k_two_chunks_avx512(w, g);
+        const __m512i sc = _mm512_shuffle_epi8(g < 2 ? s_lo : s_hi, _mm512_loadu_si512(q6k_scale_pat[2 * g % 4]));
+        UNROLL
+        for (int t = 0; t < NR; t++)
+            a[t] = _mm512_dpwssd_epi32(a[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x[t * xstride].qs + 64 * g)), sc);
+    }
+    return fold_pair(a[0], a[NR - 1]);
+}
+
 /* The integer part of a block for NR rows (NP pairs): chunks 2g (into a) and 2g+1 (into b, which
  * is a itself from 5 pairs on, where the registers run short; up to 4 pairs the second chain
  * hides vpdpwssd's latency). CHUNKS(g, q0, s0, q1, s1) gives both chunks' quants and scales. */
-#define QMM_INT_AVX512(NR, pb, pstride, a, CHUNKS)                                                        \
+#define QMM_INT_AVX512(NR, pb, pstride, a, CHUNKS, ONE_PAIR)                                              \
     const int NP = ((NR) + 1) / 2, SPLIT = NP <= 4;                                                      \
     __m512i a[8], a##_b[8];                                                                              \
     UNROLL                                                                                               \
     for (int p = 0; p < NP; p++) a[p] = _mm512_setzero_si512();                                          \
+    if ((NR) <= 2) a[0] = ONE_PAIR;                                                                      \
+    else {                                                                                               \
     UNROLL                                                                                               \
     for (int p = 0; p < NP; p++) a##_b[p] = _mm512_setzero_si512();                                      \
     UNROLL                                                                                               \
@@ -516,11 +572,11 @@ AVX512_T INLINE __m512i twice512_at(const void *p) {
         }                                                                                                \
     }                                                                                                    \
     UNROLL                                                                                               \
-    for (int p = 0; p < NP; p++) a[p] = SPLIT ? _mm512_add_epi32(a[p], a##_b[p]) : a[p];
+    for (int p = 0; p < NP; p++) a[p] = SPLIT ? _mm512_add_epi32(a[p], a##_b[p]) : a[p];               \
+    }
 
 AVX512_T INLINE void q4k_block_avx512(const int NR, const qmm_block_q4_K *w, const qmm_block_q8_K *x, size_t xstride,
                                       const qmm_pair *pb, size_t pstride, __m512 *acc) {
-    (void)x, (void)xstride;
     const __m512i m4 = _mm512_set1_epi8(0xf);
     const __m256i sm = q4k_scales_avx2(w->scales);
     const __m512i sm4 = twice512(sm);
@@ -530,7 +586,7 @@ AVX512_T INLINE void q4k_block_avx512(const int NR, const qmm_block_q4_K *w, con
     q1 = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);                     \
     s0 = _mm512_shuffle_epi8(sm4, twice512_at(q4k_scale_pat[2 * g]));          \
     s1 = _mm512_shuffle_epi8(sm4, twice512_at(q4k_scale_pat[2 * g + 1]))
-    QMM_INT_AVX512(NR, pb, pstride, a, Q4K_CHUNKS)
+    QMM_INT_AVX512(NR, pb, pstride, a, Q4K_CHUNKS, q4k_one_pair_avx512(NR, w, x, xstride, sm4))
 #undef Q4K_CHUNKS
     int dm;
     memcpy(&dm, &w->d, 4);
@@ -564,7 +620,6 @@ AVX512_T INLINE __m512i q6k_chunk_avx512(const qmm_block_q6_K *w, int c) {
 
 AVX512_T INLINE void q6k_block_avx512(const int NR, const qmm_block_q6_K *w, const qmm_block_q8_K *x, size_t xstride,
                                       const qmm_pair *pb, size_t pstride, __m512 *acc) {
-    (void)x, (void)xstride;
     const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w->scales));
     const __m512i s_lo = twice512(_mm256_permute2x128_si256(s16, s16, 0x00)), s_hi = twice512(_mm256_permute2x128_si256(s16, s16, 0x11));
 #define Q6K_CHUNKS(g, q0, s0, q1, s1)                                                  \
@@ -572,7 +627,7 @@ AVX512_T INLINE void q6k_block_avx512(const int NR, const qmm_block_q6_K *w, con
     q1 = q6k_chunk_avx512(w, 2 * g + 1);                                               \
     s0 = _mm512_shuffle_epi8(g < 2 ? s_lo : s_hi, twice512_at(q6k_scale_pat[2 * g % 4]));     \
     s1 = _mm512_shuffle_epi8(g < 2 ? s_lo : s_hi, twice512_at(q6k_scale_pat[(2 * g + 1) % 4]))
-    QMM_INT_AVX512(NR, pb, pstride, a, Q6K_CHUNKS)
+    QMM_INT_AVX512(NR, pb, pstride, a, Q6K_CHUNKS, q6k_one_pair_avx512(NR, w, x, xstride, s_lo, s_hi))
 #undef Q6K_CHUNKS
     const __m512 dw = _mm512_set1_ps(_cvtsh_ss(w->d));
     const __m512i s32 = join512(s16, s16);
@@ -637,7 +692,7 @@ static int check(int *path, int K, int o0, int o1, int n) {
 int qmm_q4_K(int path, int K, int o0, int o1, int n, const qmm_block_q4_K *W,
              const qmm_block_q8_K *X, float *Y, size_t ldy) {
     if (!check(&path, K, o0, o1, n)) return -1;
-    const qmm_pair *P = row_pairs(n, K / QMM_QK, X, path == QMM_AVX512);
+    const qmm_pair *P = row_pairs(n, K / QMM_QK, X, path == QMM_AVX512 && n > 2);
     if (!P) return -1;
 #ifdef QMM_X86
     if (path == QMM_AVX512) { q4k_avx512(K, o0, o1, n, W, X, P, Y, ldy); return 0; }
@@ -654,7 +709,7 @@ int qmm_q6_K(int path, int K, int o0, int o1, int n, const qmm_block_q6_K *W,
     if (!check(&path, K, o0, o1, n)) return -1;
 #ifdef QMM_X86
     if (path == QMM_AVX512) {
-        const qmm_pair *P = row_pairs(n, K / QMM_QK, X, 1);
+        const qmm_pair *P = row_pairs(n, K / QMM_QK, X, n > 2);
         if (!P) return -1;
         q6k_avx512(K, o0, o1, n, W, X, P, Y, ldy);
         return 0;
