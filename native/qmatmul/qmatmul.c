@@ -503,20 +503,30 @@ AVX512_T INLINE __m512i fold_pair(__m512i a, __m512i b) {
     return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xee));
 }
 
+/* The integer part of one row pair (NR <= 2) in that layout: q[g] holds chunks 2g and 2g+1 of
+ * the weights, sc[g] their scales. */
+AVX512_T INLINE __m512i one_pair_avx512(const int NR, const __m512i q[4], const __m512i sc[4],
+                                        const qmm_block_q8_K *x, size_t xstride) {
+    __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    UNROLL
+    for (int g = 0; g < 4; g++)
+        UNROLL
+        for (int t = 0; t < NR; t++)
+            a[t] = _mm512_dpwssd_epi32(a[t], _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(x[t * xstride].qs + 64 * g)), sc[g]);
+    return fold_pair(a[0], a[NR - 1]);
+}
+
 AVX512_T INLINE __m512i q4k_one_pair_avx512(const int NR, const qmm_block_q4_K *w, const qmm_block_q8_K *x,
                                             size_t xstride, __m512i sm4) {
     const __m512i m4 = _mm512_set1_epi8(0xf);
-    __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512i q[4], sc[4];
     UNROLL
     for (int g = 0; g < 4; g++) {
         const __m512i bits = twice512_at(w->qs + 32 * g);
-        const __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(bits, HIGH_WORDS, bits, 4), m4);
-        const __m512i sc = _mm512_shuffle_epi8(sm4, _mm512_loadu_si512(q4k_scale_pat[2 * g]));
-        UNROLL
-        for (int t = 0; t < NR; t++)
-            a[t] = _mm512_dpwssd_epi32(a[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x[t * xstride].qs + 64 * g)), sc);
+        q[g] = _mm512_and_si512(_mm512_mask_srli_epi16(bits, HIGH_WORDS, bits, 4), m4);
+        sc[g] = _mm512_shuffle_epi8(sm4, _mm512_loadu_si512(q4k_scale_pat[2 * g]));
     }
-    return fold_pair(a[0], a[NR - 1]);
+    return one_pair_avx512(NR, q, sc, x, xstride);
 }
 
 /* Q6_K chunks 2g and 2g+1 in one vector: their low 4 bits are 64 consecutive bytes of ql (low or
@@ -534,16 +544,13 @@ AVX512_T INLINE __m512i q6k_two_chunks_avx512(const qmm_block_q6_K *w, int g) {
 
 AVX512_T INLINE __m512i q6k_one_pair_avx512(const int NR, const qmm_block_q6_K *w, const qmm_block_q8_K *x,
                                             size_t xstride, __m512i s_lo, __m512i s_hi) {
-    __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512i q[4], sc[4];
     UNROLL
     for (int g = 0; g < 4; g++) {
-        const __m512i q = q6k_two_chunks_avx512(w, g);
-        const __m512i sc = _mm512_shuffle_epi8(g < 2 ? s_lo : s_hi, _mm512_loadu_si512(q6k_scale_pat[2 * g % 4]));
-        UNROLL
-        for (int t = 0; t < NR; t++)
-            a[t] = _mm512_dpwssd_epi32(a[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x[t * xstride].qs + 64 * g)), sc);
+        q[g] = q6k_two_chunks_avx512(w, g);
+        sc[g] = _mm512_shuffle_epi8(g < 2 ? s_lo : s_hi, _mm512_loadu_si512(q6k_scale_pat[2 * g % 4]));
     }
-    return fold_pair(a[0], a[NR - 1]);
+    return one_pair_avx512(NR, q, sc, x, xstride);
 }
 
 /* The integer part of a block for NR rows (NP pairs): chunks 2g (into a) and 2g+1 (into b, which
@@ -604,7 +611,9 @@ AVX512_T INLINE void q4k_block_avx512(const int NR, const qmm_block_q4_K *w, con
 }
 
 /* Q6_K chunk c (0..7, element order) in both halves: its low 4 bits are 32 bytes of ql (low or
- * high nibbles), its top 2 bits a bit pair of the 32 bytes of qh it shares with 3 other chunks. */
+ * high nibbles), its top 2 bits a bit pair of the 32 bytes of qh it shares with 3 other chunks.
+ * q6k_chunk_avx2's steps on broadcast loads: that function's result broadcast instead cost
+ * 2-5% a Q6_K block and row at n = 4..16 (one thread, cached). */
 AVX512_T INLINE __m512i q6k_chunk_avx512(const qmm_block_q6_K *w, int c) {
     const int h = c / 4, k = c % 4;
     const __m512i m4 = _mm512_set1_epi8(0xf);
